@@ -1,0 +1,97 @@
+// Package backend defines the storage driver interface every ckptkit backend
+// implements, the portable Store that wraps a driver (error classification,
+// key validation, prefixing, retries), and the URL registry that picks a
+// driver from a URL's scheme at run time.
+//
+// A driver is deliberately small and easy to get right; everything that must
+// behave the same on every backend lives in Store. The conformance package
+// checks that a driver plus Store obey the semantics documented here.
+package backend
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Driver is the interface a storage backend implements. Keys passed to a
+// driver are already validated and prefixed by the Store: slash-separated,
+// relative, with no empty, "." or ".." segments and no NUL byte.
+//
+// Every method honours ctx: cancellation stops work promptly and, for Put,
+// publishes nothing.
+type Driver interface {
+	// NewRangeReader opens key for reading length bytes from offset; a
+	// negative length reads to the end. An offset at or past the end yields
+	// an empty reader, not an error. A missing key is CodeNotFound.
+	NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error)
+
+	// Put writes exactly size bytes read from r to key. The object is
+	// invisible until Put returns nil: if r fails, delivers other than size
+	// bytes, or ctx is cancelled, the previous object (or nothing) stays in
+	// place. With opts.IfNotExists set, Put fails with CodeAlreadyExists when
+	// the key exists (drivers without Capabilities.CreateIfAbsent are never
+	// asked). r is consumed once; the Store handles retries.
+	Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error
+
+	// Stat returns the attributes of key, or CodeNotFound.
+	Stat(ctx context.Context, key string) (Attributes, error)
+
+	// List calls fn for every object whose key starts with prefix, in
+	// ascending byte order of key, streaming (it must not collect the whole
+	// listing first when the backend pages). If fn returns an error, List
+	// stops and returns it.
+	List(ctx context.Context, prefix string, fn func(ObjectInfo) error) error
+
+	// Delete removes key. Deleting a missing key succeeds.
+	Delete(ctx context.Context, key string) error
+
+	// Capabilities declares what the driver supports.
+	Capabilities() Capabilities
+
+	// ErrorCode classifies an error returned by this driver.
+	ErrorCode(err error) Code
+
+	// Close releases the driver's resources.
+	Close() error
+}
+
+// PutOptions tune a single Put.
+type PutOptions struct {
+	// IfNotExists makes the write fail with CodeAlreadyExists when the key
+	// already exists (create-if-absent), atomically where the backend can.
+	IfNotExists bool
+	// CRC32C, when non-nil, is the Castagnoli CRC of the whole body; drivers
+	// that can send it for server-side verification do so.
+	CRC32C *uint32
+	// ContentType is a hint for backends that store one.
+	ContentType string
+}
+
+// Attributes describe a stored object.
+type Attributes struct {
+	Size    int64
+	ModTime time.Time
+	// CRC32C is the stored Castagnoli checksum when the backend keeps one.
+	CRC32C *uint32
+}
+
+// ObjectInfo is one listing entry. Key is relative to the listed Store.
+type ObjectInfo struct {
+	Key     string
+	Size    int64
+	ModTime time.Time
+}
+
+// Capabilities is what a driver declares it can do.
+type Capabilities struct {
+	// CreateIfAbsent: Put honours IfNotExists atomically.
+	CreateIfAbsent bool
+	// ServerCRC32C: the backend verifies PutOptions.CRC32C on upload.
+	ServerCRC32C bool
+	// Multipart: large objects are uploaded in parts; PartSize and
+	// Concurrency are the configured values (0 where not applicable).
+	Multipart   bool
+	PartSize    int64
+	Concurrency int
+}

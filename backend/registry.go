@@ -1,0 +1,150 @@
+package backend
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Opener builds a driver for a parsed URL. It returns the driver and the key
+// prefix inside it that the URL designates (for example the path after the
+// bucket of an s3:// URL; "" when the driver itself is rooted there).
+type Opener func(ctx context.Context, u *url.URL) (drv Driver, prefix string, err error)
+
+var (
+	regMu   sync.RWMutex
+	openers = map[string]Opener{}
+)
+
+// Register makes a driver available for URLs of scheme. Drivers call it from
+// init; plugins call it at discovery. Registering a scheme twice is an error.
+func Register(scheme string, o Opener) error {
+	scheme = strings.ToLower(scheme)
+	if scheme == "" || o == nil {
+		return fmt.Errorf("register: empty scheme or nil opener")
+	}
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := openers[scheme]; dup {
+		return fmt.Errorf("register: scheme %q is already registered", scheme)
+	}
+	openers[scheme] = o
+	return nil
+}
+
+// MustRegister is Register for init functions: it panics on error.
+func MustRegister(scheme string, o Opener) {
+	if err := Register(scheme, o); err != nil {
+		panic(err)
+	}
+}
+
+// Unregister removes a scheme (for plugin reloads and tests).
+func Unregister(scheme string) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	delete(openers, strings.ToLower(scheme))
+}
+
+// Schemes lists the registered schemes, sorted.
+func Schemes() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	out := make([]string, 0, len(openers))
+	for s := range openers {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ParseURL parses a storage URL. A string without a scheme is a local path
+// and becomes a file:// URL with an absolute path.
+func ParseURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, fmt.Errorf("empty storage URL")
+	}
+	if !strings.Contains(raw, "://") {
+		abs, err := filepath.Abs(raw)
+		if err != nil {
+			return nil, fmt.Errorf("local path %q: %w", raw, err)
+		}
+		return &url.URL{Scheme: "file", Path: filepath.ToSlash(abs)}, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse echoes the input, which may hold credentials.
+		return nil, fmt.Errorf("storage URL %q does not parse", RedactURL(raw))
+	}
+	u.Scheme = strings.ToLower(u.Scheme)
+	return u, nil
+}
+
+// Open parses rawURL, picks the driver registered for its scheme and returns
+// a Store rooted at the URL. An unknown scheme fails with ErrUnknownScheme and
+// lists the registered ones. Credentials in the URL never appear in errors.
+func Open(ctx context.Context, rawURL string) (*Store, error) {
+	u, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	regMu.RLock()
+	o, ok := openers[u.Scheme]
+	regMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("open %s: %w %q (registered schemes: %s)", RedactURL(rawURL), ErrUnknownScheme, u.Scheme, strings.Join(Schemes(), ", "))
+	}
+	drv, prefix, err := o(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
+	}
+	// The driver root is the URL's path less the prefix the opener kept.
+	root := *u
+	root.RawPath = ""
+	root.RawQuery = ""
+	root.Fragment = ""
+	root.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/"+strings.Trim(prefix, "/"))
+	base := root.String()
+	st, err := NewStore(drv, base, prefix)
+	if err != nil {
+		drv.Close()
+		return nil, fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
+	}
+	return st, nil
+}
+
+var secretParams = []string{"secret", "token", "password", "key", "signature", "credential"}
+
+// RedactURL hides a URL's password and the values of query parameters whose
+// names suggest secrets, so the result is safe to print.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if i := strings.Index(raw, "@"); i >= 0 {
+			if j := strings.Index(raw, "://"); j >= 0 && j < i {
+				return raw[:j+3] + "REDACTED" + raw[i:]
+			}
+		}
+		return raw
+	}
+	if u.User != nil {
+		u.User = url.User("REDACTED")
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			lk := strings.ToLower(k)
+			for _, s := range secretParams {
+				if strings.Contains(lk, s) {
+					q.Set(k, "REDACTED")
+				}
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}

@@ -1,0 +1,463 @@
+package backend
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path"
+	"strings"
+	"time"
+)
+
+// RetryPolicy says how a Store retries transient failures. Only calls whose
+// body can be replayed (reads, stats, lists before their first entry, and
+// writes whose source is an io.Seeker) are retried.
+type RetryPolicy struct {
+	// Attempts is the total number of tries (1 disables retries).
+	Attempts int
+	// BaseDelay is the first backoff; it doubles per retry, with jitter.
+	BaseDelay time.Duration
+	// MaxDelay caps one backoff.
+	MaxDelay time.Duration
+}
+
+// DefaultRetryPolicy is used by Open and NewStore.
+var DefaultRetryPolicy = RetryPolicy{Attempts: 4, BaseDelay: 100 * time.Millisecond, MaxDelay: 3 * time.Second}
+
+// Store is the portable handle on a driver rooted at a prefix. It validates
+// keys before any driver sees them, joins them to its prefix, classifies
+// every driver error once into a *Error matching the package sentinels, and
+// retries transient failures. A Store is safe for concurrent use.
+type Store struct {
+	drv    Driver
+	base   string // redacted URL of the driver root, without trailing slash
+	prefix string // "" or ends with "/"
+	retry  RetryPolicy
+}
+
+// NewStore wraps drv. baseURL names the driver's root in messages (it is
+// redacted here); prefix, which may be empty, is prepended to every key.
+func NewStore(drv Driver, baseURL, prefix string) (*Store, error) {
+	p, err := cleanPrefix(prefix)
+	if err != nil {
+		return nil, fmt.Errorf("store prefix %q: %w", prefix, err)
+	}
+	return &Store{drv: drv, base: strings.TrimSuffix(RedactURL(baseURL), "/"), prefix: p, retry: DefaultRetryPolicy}, nil
+}
+
+// Driver returns the underlying driver.
+func (s *Store) Driver() Driver { return s.drv }
+
+// WithDriver returns a copy of s that uses drv (for instance an instrumented
+// wrapper of s.Driver()) with the same URL, prefix and retry policy.
+func (s *Store) WithDriver(drv Driver) *Store {
+	c := *s
+	c.drv = drv
+	return &c
+}
+
+// WithRetry returns a copy of s with another retry policy.
+func (s *Store) WithRetry(p RetryPolicy) *Store {
+	c := *s
+	if p.Attempts < 1 {
+		p.Attempts = 1
+	}
+	c.retry = p
+	return &c
+}
+
+// Sub returns a Store rooted at prefix below s.
+func (s *Store) Sub(prefix string) (*Store, error) {
+	p, err := cleanPrefix(prefix)
+	if err != nil {
+		return nil, &Error{Op: "sub", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
+	}
+	c := *s
+	c.prefix = s.prefix + p
+	return &c, nil
+}
+
+// Prefix returns the store's key prefix inside its driver ("" or ending in "/").
+func (s *Store) Prefix() string { return s.prefix }
+
+// URL returns the redacted URL of key below the store (key may be "").
+func (s *Store) URL(key string) string {
+	return s.base + "/" + s.prefix + key
+}
+
+// String returns the redacted URL of the store's root.
+func (s *Store) String() string { return strings.TrimSuffix(s.URL(""), "/") }
+
+// Capabilities returns the driver's declared capabilities.
+func (s *Store) Capabilities() Capabilities { return s.drv.Capabilities() }
+
+// Close closes the driver.
+func (s *Store) Close() error { return s.drv.Close() }
+
+func (s *Store) wrap(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	code := s.drv.ErrorCode(err)
+	if code == CodeUnknown {
+		code = CodeOf(err)
+	}
+	return &Error{Op: op, URL: s.URL(key), Code: code, Err: err}
+}
+
+func (s *Store) full(key string) (string, error) {
+	if err := ValidateKey(key); err != nil {
+		return "", &Error{Op: "validate", URL: s.URL(key), Code: CodeInvalidKey, Err: err}
+	}
+	return s.prefix + key, nil
+}
+
+// retryLoop runs f until it succeeds, fails permanently, ctx ends or the
+// attempts are used up. f returns a classified error.
+func (s *Store) retryLoop(ctx context.Context, f func() error) error {
+	attempts := max(s.retry.Attempts, 1)
+	delay := s.retry.BaseDelay
+	var err error
+	for i := 0; i < attempts; i++ {
+		if err = f(); err == nil || !IsTransient(err) || i == attempts-1 {
+			return err
+		}
+		d := delay + time.Duration(rand.Int64N(int64(delay)/2+1))
+		if s.retry.MaxDelay > 0 && d > s.retry.MaxDelay {
+			d = s.retry.MaxDelay
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		delay *= 2
+	}
+	return err
+}
+
+// NewRangeReader opens length bytes of key from offset (length < 0: to the
+// end). Opening is retried on transient errors; the stream itself is not.
+func (s *Store) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	full, err := s.full(key)
+	if err != nil {
+		return nil, err
+	}
+	if offset < 0 {
+		return nil, &Error{Op: "read", URL: s.URL(key), Code: CodeInvalidKey, Err: fmt.Errorf("negative offset %d", offset)}
+	}
+	var rc io.ReadCloser
+	err = s.retryLoop(ctx, func() error {
+		var e error
+		rc, e = s.drv.NewRangeReader(ctx, full, offset, length)
+		return s.wrap("read", key, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &wrappedReader{rc: rc, s: s, key: key}, nil
+}
+
+type wrappedReader struct {
+	rc  io.ReadCloser
+	s   *Store
+	key string
+}
+
+func (w *wrappedReader) Read(p []byte) (int, error) {
+	n, err := w.rc.Read(p)
+	if err != nil && err != io.EOF {
+		err = w.s.wrap("read", w.key, err)
+	}
+	return n, err
+}
+
+func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Close()) }
+
+// ReadRange reads exactly len(dst) bytes of key at offset into dst. A short
+// object is an io.ErrUnexpectedEOF naming the key.
+func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []byte) error {
+	return s.retryLoop(ctx, func() error {
+		rc, err := s.NewRangeReader(ctx, key, offset, int64(len(dst)))
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		if _, err := io.ReadFull(rc, dst); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown,
+					Err: fmt.Errorf("object shorter than range [%d,%d): %w", offset, offset+int64(len(dst)), io.ErrUnexpectedEOF)}
+			}
+			return s.wrap("read", key, err)
+		}
+		return nil
+	})
+}
+
+// ReadAll reads the whole object, refusing objects larger than limit bytes
+// (limit <= 0: no limit).
+func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, error) {
+	var out []byte
+	err := s.retryLoop(ctx, func() error {
+		rc, err := s.NewRangeReader(ctx, key, 0, -1)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		r := io.Reader(rc)
+		if limit > 0 {
+			r = io.LimitReader(rc, limit+1)
+		}
+		out, err = io.ReadAll(r)
+		if err != nil {
+			return err
+		}
+		if limit > 0 && int64(len(out)) > limit {
+			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("object larger than the %d-byte limit", limit)}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Put writes exactly size bytes from r to key; see Driver.Put for the
+// atomicity contract. The Store enforces the declared size itself: a source
+// that ends early or delivers more fails with ErrSizeMismatch and nothing is
+// published. When r is an io.Seeker, transient failures are retried after
+// rewinding it.
+func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error {
+	full, err := s.full(key)
+	if err != nil {
+		return err
+	}
+	if size < 0 {
+		return &Error{Op: "write", URL: s.URL(key), Code: CodeSizeMismatch, Err: fmt.Errorf("negative size %d", size)}
+	}
+	if opts.IfNotExists && !s.drv.Capabilities().CreateIfAbsent {
+		return &Error{Op: "write", URL: s.URL(key), Code: CodeUnsupported, Err: errors.New("create-if-absent not supported")}
+	}
+	seeker, canRewind := r.(io.Seeker)
+	var start int64
+	if canRewind {
+		if start, err = seeker.Seek(0, io.SeekCurrent); err != nil {
+			canRewind = false
+		}
+	}
+	first := true
+	return s.retryLoop(ctx, func() error {
+		if !first {
+			if !canRewind {
+				return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: errors.New("transient failure and the source cannot be rewound")}
+			}
+			if _, err := seeker.Seek(start, io.SeekStart); err != nil {
+				return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("rewind source: %w", err)}
+			}
+		}
+		first = false
+		sr := &sizedReader{r: r, remaining: size}
+		err := s.drv.Put(ctx, full, size, sr, opts)
+		if sr.err != nil && err != nil {
+			// The source's failure is the cause; report it, classified.
+			return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(sr.err), Err: fmt.Errorf("%w (driver: %v)", sr.err, err)}
+		}
+		if err == nil && sr.err != nil {
+			// A driver that ignored the source error published something:
+			// that is a driver bug, surfaced loudly.
+			return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("driver published despite source error: %w", sr.err)}
+		}
+		return s.wrap("write", key, err)
+	})
+}
+
+// PutBytes writes data to key (retryable, since the body rewinds).
+func (s *Store) PutBytes(ctx context.Context, key string, data []byte, opts PutOptions) error {
+	return s.Put(ctx, key, int64(len(data)), bytes.NewReader(data), opts)
+}
+
+// sizedReader delivers exactly remaining bytes of r or fails with
+// ErrSizeMismatch: on an early EOF, and when r holds more than declared.
+type sizedReader struct {
+	r         io.Reader
+	remaining int64
+	err       error
+}
+
+func (z *sizedReader) Read(p []byte) (int, error) {
+	if z.err != nil {
+		return 0, z.err
+	}
+	if z.remaining == 0 {
+		return 0, z.checkExhausted()
+	}
+	if int64(len(p)) > z.remaining {
+		p = p[:z.remaining]
+	}
+	n, err := z.r.Read(p)
+	z.remaining -= int64(n)
+	switch {
+	case err == io.EOF && z.remaining > 0:
+		z.err = fmt.Errorf("source ended %d bytes early: %w", z.remaining, ErrSizeMismatch)
+		return n, z.err
+	case err != nil && err != io.EOF:
+		z.err = fmt.Errorf("source: %w", err)
+		return n, z.err
+	}
+	if z.remaining == 0 {
+		if err := z.checkExhausted(); err != io.EOF {
+			return n, err
+		}
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// checkExhausted peeks one byte past the declared size.
+func (z *sizedReader) checkExhausted() error {
+	var b [1]byte
+	for {
+		n, err := z.r.Read(b[:])
+		if n > 0 {
+			z.err = fmt.Errorf("source holds more than the declared size: %w", ErrSizeMismatch)
+			return z.err
+		}
+		if err == io.EOF {
+			return io.EOF
+		}
+		if err != nil {
+			z.err = fmt.Errorf("source: %w", err)
+			return z.err
+		}
+	}
+}
+
+// Stat returns key's attributes.
+func (s *Store) Stat(ctx context.Context, key string) (Attributes, error) {
+	full, err := s.full(key)
+	if err != nil {
+		return Attributes{}, err
+	}
+	var a Attributes
+	err = s.retryLoop(ctx, func() error {
+		var e error
+		a, e = s.drv.Stat(ctx, full)
+		return s.wrap("stat", key, e)
+	})
+	return a, err
+}
+
+// Exists reports whether key exists.
+func (s *Store) Exists(ctx context.Context, key string) (bool, error) {
+	_, err := s.Stat(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// List calls fn for every object under prefix (relative to the store), in
+// ascending key order. Keys given to fn are relative to the store.
+func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) error) error {
+	p, err := cleanListPrefix(prefix)
+	if err != nil {
+		return &Error{Op: "list", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
+	}
+	started := false
+	var fnErr error
+	err = s.retryLoop(ctx, func() error {
+		if started {
+			return nil
+		}
+		e := s.drv.List(ctx, s.prefix+p, func(o ObjectInfo) error {
+			started = true
+			o.Key = strings.TrimPrefix(o.Key, s.prefix)
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fn(o); err != nil {
+				fnErr = err
+				return err
+			}
+			return nil
+		})
+		if fnErr != nil {
+			return fnErr
+		}
+		return s.wrap("list", prefix, e)
+	})
+	return err
+}
+
+// Delete removes key; a missing key is not an error.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	full, err := s.full(key)
+	if err != nil {
+		return err
+	}
+	return s.retryLoop(ctx, func() error {
+		e := s.wrap("delete", key, s.drv.Delete(ctx, full))
+		if errors.Is(e, ErrNotFound) {
+			return nil
+		}
+		return e
+	})
+}
+
+// ValidateKey checks that key is a clean relative slash-separated key: not
+// empty, not absolute, no NUL, no empty, "." or ".." segments.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("empty key: %w", ErrInvalidKey)
+	}
+	if strings.ContainsRune(key, 0) {
+		return fmt.Errorf("key %q holds a NUL byte: %w", key, ErrInvalidKey)
+	}
+	if strings.HasPrefix(key, "/") || strings.HasPrefix(key, `\`) {
+		return fmt.Errorf("key %q is absolute: %w", key, ErrInvalidKey)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		switch seg {
+		case "":
+			return fmt.Errorf("key %q has an empty segment: %w", key, ErrInvalidKey)
+		case ".", "..":
+			return fmt.Errorf("key %q has a %q segment: %w", key, seg, ErrInvalidKey)
+		}
+	}
+	return nil
+}
+
+// cleanPrefix validates a store prefix and returns it with one trailing
+// slash ("" stays "").
+func cleanPrefix(p string) (string, error) {
+	p = strings.Trim(p, "/")
+	if p == "" {
+		return "", nil
+	}
+	if err := ValidateKey(p); err != nil {
+		return "", err
+	}
+	return path.Clean(p) + "/", nil
+}
+
+// cleanListPrefix validates a listing prefix, which may be empty or end in "/".
+func cleanListPrefix(p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	if err := ValidateKey(strings.TrimSuffix(p, "/")); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

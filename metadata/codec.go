@@ -1,0 +1,223 @@
+package metadata
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ErrNewerFormat is returned when a checkpoint was written in a newer major
+// format version than this reader understands.
+var ErrNewerFormat = errors.New("checkpoint format is newer than this reader")
+
+// ErrInvalid is returned for metadata that does not decode or is
+// structurally inconsistent.
+var ErrInvalid = errors.New("invalid checkpoint metadata")
+
+// VersionString is the version this package writes.
+func VersionString() string { return fmt.Sprintf("%d.%d", MajorVersion, MinorVersion) }
+
+// Sort puts tensors, bytes and objects in key order (the canonical order).
+func (c *Checkpoint) Sort() {
+	sort.Slice(c.Tensors, func(i, j int) bool { return c.Tensors[i].Key < c.Tensors[j].Key })
+	sort.Slice(c.Bytes, func(i, j int) bool { return c.Bytes[i].Key < c.Bytes[j].Key })
+	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
+}
+
+// Encode validates c, puts it in canonical order and returns its JSON.
+func Encode(c *Checkpoint) ([]byte, error) {
+	if c.Format == "" {
+		c.Format = FormatName
+	}
+	if c.Version == "" {
+		c.Version = VersionString()
+	}
+	c.Sort()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(c); err != nil {
+		return nil, fmt.Errorf("encode metadata: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Decode parses metadata. It refuses input over MaxSize, a newer major
+// version (ErrNewerFormat), unknown fields of a version it fully knows, and
+// structurally invalid content (ErrInvalid).
+func Decode(data []byte) (*Checkpoint, error) {
+	if len(data) > MaxSize {
+		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrInvalid, len(data), MaxSize)
+	}
+	var head struct {
+		Format  string `json:"format"`
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if head.Format != FormatName {
+		return nil, fmt.Errorf("%w: format %q, want %q", ErrInvalid, head.Format, FormatName)
+	}
+	major, minor, err := ParseVersion(head.Version)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if major > MajorVersion {
+		return nil, fmt.Errorf("%w: written as format %s, this reader understands %d.x; upgrade ckptkit", ErrNewerFormat, head.Version, MajorVersion)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if major == MajorVersion && minor <= MinorVersion {
+		dec.DisallowUnknownFields()
+	}
+	c := new(Checkpoint)
+	if err := dec.Decode(c); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the metadata object", ErrInvalid)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// ParseVersion splits "MAJOR.MINOR".
+func ParseVersion(v string) (major, minor int, err error) {
+	a, b, ok := strings.Cut(v, ".")
+	if !ok {
+		return 0, 0, fmt.Errorf("version %q is not MAJOR.MINOR", v)
+	}
+	if major, err = strconv.Atoi(a); err != nil || major < 0 {
+		return 0, 0, fmt.Errorf("version %q is not MAJOR.MINOR", v)
+	}
+	if minor, err = strconv.Atoi(b); err != nil || minor < 0 {
+		return 0, 0, fmt.Errorf("version %q is not MAJOR.MINOR", v)
+	}
+	return major, minor, nil
+}
+
+// elemSizes mirrors statedict's dtype sizes; metadata stays free of other
+// packages so any reader can depend on it alone.
+var elemSizes = map[string]int64{
+	"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+	"int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8,
+}
+
+// ElementSize returns the byte size of a dtype name, 0 if unknown.
+func ElementSize(dtype string) int64 { return elemSizes[dtype] }
+
+// Validate checks structure: unique sorted keys, known dtypes, chunk ranks
+// and bounds, raw chunk lengths, object references and ranges. It does not
+// check that chunks tile their tensor (see planner.CheckCoverage), which is
+// a resume rule with its own error.
+func (c *Checkpoint) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+	}
+	objects := make(map[string]int64, len(c.Objects))
+	for i, o := range c.Objects {
+		if o.Key == "" || o.Size < 0 {
+			return bad("object %d: empty key or negative size", i)
+		}
+		if i > 0 && c.Objects[i-1].Key >= o.Key {
+			return bad("objects not sorted or duplicated at %q", o.Key)
+		}
+		objects[o.Key] = o.Size
+	}
+	inObject := func(what, obj string, off, n int64) error {
+		size, ok := objects[obj]
+		if !ok {
+			return bad("%s refers to object %q, which is not listed", what, obj)
+		}
+		if off < 0 || n < 0 || off+n > size {
+			return bad("%s range [%d,%d) is outside object %q of %d bytes", what, off, off+n, obj, size)
+		}
+		return nil
+	}
+	seen := make(map[string]bool, len(c.Tensors)+len(c.Bytes))
+	for i := range c.Tensors {
+		t := &c.Tensors[i]
+		if t.Key == "" {
+			return bad("tensor %d has an empty key", i)
+		}
+		if i > 0 && c.Tensors[i-1].Key >= t.Key {
+			return bad("tensors not sorted or duplicated at %q", t.Key)
+		}
+		seen[t.Key] = true
+		es := ElementSize(t.DType)
+		if es == 0 {
+			return bad("tensor %q: unknown dtype %q", t.Key, t.DType)
+		}
+		for _, d := range t.Shape {
+			if d < 0 {
+				return bad("tensor %q: negative dimension in shape %v", t.Key, t.Shape)
+			}
+		}
+		for j, ch := range t.Chunks {
+			if len(ch.Offsets) != len(t.Shape) || len(ch.Sizes) != len(t.Shape) {
+				return bad("tensor %q chunk %d: rank of offsets %v / sizes %v differs from shape %v", t.Key, j, ch.Offsets, ch.Sizes, t.Shape)
+			}
+			n := int64(1)
+			for d := range t.Shape {
+				if ch.Offsets[d] < 0 || ch.Sizes[d] < 0 || ch.Offsets[d]+ch.Sizes[d] > t.Shape[d] {
+					return bad("tensor %q chunk %d: offsets %v sizes %v out of bounds of shape %v", t.Key, j, ch.Offsets, ch.Sizes, t.Shape)
+				}
+				n *= ch.Sizes[d]
+			}
+			if ch.Encoding == EncodingRaw && ch.Length != n*es {
+				return bad("tensor %q chunk %d: length %d, want %d for %v of %s", t.Key, j, ch.Length, n*es, ch.Sizes, t.DType)
+			}
+			if err := inObject(fmt.Sprintf("tensor %q chunk %d", t.Key, j), ch.Object, ch.Offset, ch.Length); err != nil {
+				return err
+			}
+		}
+	}
+	for i, b := range c.Bytes {
+		if b.Key == "" {
+			return bad("bytes entry %d has an empty key", i)
+		}
+		if i > 0 && c.Bytes[i-1].Key >= b.Key {
+			return bad("bytes not sorted or duplicated at %q", b.Key)
+		}
+		if seen[b.Key] {
+			return bad("key %q is both a tensor and a bytes entry", b.Key)
+		}
+		if err := inObject(fmt.Sprintf("bytes %q", b.Key), b.Object, b.Offset, b.Length); err != nil {
+			return err
+		}
+	}
+	switch c.Training.Optimizer {
+	case OptimizerSaved, OptimizerOmitted, OptimizerNone:
+	default:
+		return bad("training.optimizer is %q, want %q, %q or %q", c.Training.Optimizer, OptimizerSaved, OptimizerOmitted, OptimizerNone)
+	}
+	return nil
+}
+
+// Tensor returns the entry for key, or nil. It is a binary search over the
+// sorted entries.
+func (c *Checkpoint) Tensor(key string) *TensorEntry {
+	i := sort.Search(len(c.Tensors), func(i int) bool { return c.Tensors[i].Key >= key })
+	if i < len(c.Tensors) && c.Tensors[i].Key == key {
+		return &c.Tensors[i]
+	}
+	return nil
+}
+
+// BytesValue returns the bytes entry for key, or nil.
+func (c *Checkpoint) BytesValue(key string) *BytesEntry {
+	i := sort.Search(len(c.Bytes), func(i int) bool { return c.Bytes[i].Key >= key })
+	if i < len(c.Bytes) && c.Bytes[i].Key == key {
+		return &c.Bytes[i]
+	}
+	return nil
+}

@@ -1,0 +1,128 @@
+// Package metadata is the data model of a committed checkpoint and its
+// codec (format v1, JSON, specified in docs/FORMAT.md). The metadata object
+// is written last and is a checkpoint's only commit point.
+package metadata
+
+import (
+	"time"
+)
+
+// Format identifiers.
+const (
+	// FormatName is the value of Checkpoint.Format for native checkpoints.
+	FormatName = "ckptkit"
+	// MajorVersion and MinorVersion are the format version this package
+	// writes. Readers refuse a newer major version and accept newer minors,
+	// ignoring the fields they do not know.
+	MajorVersion = 1
+	MinorVersion = 0
+	// ObjectKey is the metadata object's key inside a checkpoint prefix.
+	ObjectKey = "ckptkit.metadata.json"
+	// MaxSize bounds a metadata object's size on decode.
+	MaxSize = 1 << 30
+)
+
+// Optimizer presence values of TrainingState.Optimizer.
+const (
+	// OptimizerSaved: optimizer state was saved (possibly with lazily
+	// absent per-parameter state).
+	OptimizerSaved = "saved"
+	// OptimizerOmitted: the caller deliberately did not save the optimizer.
+	OptimizerOmitted = "omitted"
+	// OptimizerNone: the training job has no optimizer state at all.
+	OptimizerNone = "none"
+)
+
+// Chunk encodings. The empty encoding is raw little-endian row-major bytes
+// protected by CRC32C; foreign formats (for example PyTorch DCP) use their
+// own encodings, which readers decode before use.
+const (
+	EncodingRaw = ""
+)
+
+// Checkpoint is the whole metadata of one checkpoint.
+type Checkpoint struct {
+	// Format is FormatName for native checkpoints; readers of foreign
+	// formats set their own (for example "torch-dcp").
+	Format string `json:"format"`
+	// Version is "MAJOR.MINOR".
+	Version string `json:"version"`
+	// Writer names the software that wrote the checkpoint.
+	Writer string `json:"writer"`
+	// CreatedAt is when the save was committed (UTC).
+	CreatedAt time.Time `json:"created_at"`
+	// WorldSize is the number of ranks that saved.
+	WorldSize int `json:"world_size"`
+	// Tensors are sorted by key.
+	Tensors []TensorEntry `json:"tensors"`
+	// Bytes are opaque values (scheduler state, RNG state, ...), sorted by key.
+	Bytes []BytesEntry `json:"bytes"`
+	// Objects lists every data object with its size, sorted by key.
+	Objects []ObjectEntry `json:"objects"`
+	// Training is the training-state record.
+	Training TrainingState `json:"training"`
+}
+
+// TensorEntry is one tensor key: dtype, global shape, and the chunks that
+// together tile the global shape exactly.
+type TensorEntry struct {
+	Key    string  `json:"key"`
+	DType  string  `json:"dtype"`
+	Shape  []int64 `json:"shape"`
+	Chunks []Chunk `json:"chunks"`
+}
+
+// Chunk is a box of a tensor (Offsets, Sizes in elements, per dimension)
+// and where its bytes are stored.
+type Chunk struct {
+	Offsets []int64 `json:"offsets"`
+	Sizes   []int64 `json:"sizes"`
+	// Object is the data object's key relative to the checkpoint prefix.
+	Object string `json:"object"`
+	// Offset and Length are the chunk's byte range in Object.
+	Offset int64 `json:"offset"`
+	Length int64 `json:"length"`
+	// CRC32C (Castagnoli) of the Length bytes, for EncodingRaw.
+	CRC32C uint32 `json:"crc32c"`
+	// Encoding is EncodingRaw (omitted) or a foreign encoding name.
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// BytesEntry is one opaque byte value and where it is stored.
+type BytesEntry struct {
+	Key      string `json:"key"`
+	Object   string `json:"object"`
+	Offset   int64  `json:"offset"`
+	Length   int64  `json:"length"`
+	CRC32C   uint32 `json:"crc32c"`
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// ObjectEntry is a data object of the checkpoint.
+type ObjectEntry struct {
+	Key  string `json:"key"`
+	Size int64  `json:"size"`
+}
+
+// TrainingState is the record of what a resume needs besides the model:
+// iteration, scheduler and optimizer, each saved or deliberately omitted.
+type TrainingState struct {
+	// Iteration is the training step the checkpoint was taken after.
+	Iteration int64 `json:"iteration"`
+	// Optimizer is OptimizerSaved, OptimizerOmitted or OptimizerNone.
+	Optimizer string `json:"optimizer"`
+	// OptimizerPrefix is the key prefix of optimizer entries (default
+	// "optimizer"): per-parameter state is under
+	// "<prefix>.state.<fqn>.<slot>".
+	OptimizerPrefix string `json:"optimizer_prefix,omitempty"`
+	// OptimizerSlots are the slot names per parameter (AdamW: step,
+	// exp_avg, exp_avg_sq).
+	OptimizerSlots []string `json:"optimizer_slots,omitempty"`
+	// OptimizerStateEntries counts the saved per-parameter state keys.
+	OptimizerStateEntries int `json:"optimizer_state_entries"`
+	// SchedulerPrefix is the key prefix of scheduler entries ("" when the
+	// job has no scheduler).
+	SchedulerPrefix string `json:"scheduler_prefix,omitempty"`
+	// ModelPrefix is the key prefix of model entries (default "model").
+	ModelPrefix string `json:"model_prefix,omitempty"`
+}
