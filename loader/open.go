@@ -1,0 +1,99 @@
+// Package loader resumes from a checkpoint: it opens ONE reader on the
+// checkpoint prefix, reads the metadata exactly once, applies the resume
+// rules (docs/RESUME.md), plans the reads (resharding, coalescing), reads
+// the data through the same reader, checks every CRC32C, and only then
+// writes into the caller's buffers.
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// Errors a load or verify can classify with errors.Is.
+var (
+	// ErrNoCheckpoint: the prefix holds no objects at all.
+	ErrNoCheckpoint = errors.New("no checkpoint at this prefix")
+	// ErrIncomplete: the prefix holds data but no committed metadata (a save
+	// that died or is still running); it is never loaded.
+	ErrIncomplete = errors.New("incomplete checkpoint: data present but metadata never committed")
+	// ErrPartialOptimizerState: some but not all optimizer slots of a
+	// parameter are in the checkpoint (resume rule 2).
+	ErrPartialOptimizerState = errors.New("partial optimizer state")
+	// ErrLayoutMismatch: optimizer state was saved but none of it matches
+	// any parameter of the load target (resume rule 3).
+	ErrLayoutMismatch = errors.New("optimizer layout or key prefix does not match the checkpoint")
+	// ErrMissingKeys: keys the target needs are not in the checkpoint.
+	ErrMissingKeys = errors.New("keys missing from checkpoint")
+	// ErrMismatch: a key's kind, dtype or shape differs between checkpoint
+	// and target.
+	ErrMismatch = errors.New("checkpoint and target disagree")
+	// ErrChecksum: stored bytes do not match their CRC32C.
+	ErrChecksum = errors.New("checksum mismatch")
+)
+
+// Checkpoint is an open checkpoint: its store (the one reader every data
+// read goes through) and its metadata, read once.
+type Checkpoint struct {
+	store  *backend.Store
+	format metadata.Format
+	md     *metadata.Checkpoint
+	size   int
+}
+
+// Open reads the metadata of the checkpoint at st, probing the registered
+// formats (native first) by their metadata object. It reads the metadata
+// object exactly once. A prefix with data but no metadata is ErrIncomplete;
+// an empty prefix is ErrNoCheckpoint.
+func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
+	for _, f := range metadata.Formats() {
+		data, err := st.ReadAll(ctx, f.ObjectKey, metadata.MaxSize)
+		if errors.Is(err, backend.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
+		}
+		md, err := f.Decode(data)
+		if err != nil {
+			return nil, fmt.Errorf("open checkpoint %s: decode %s: %w", st, st.URL(f.ObjectKey), err)
+		}
+		return &Checkpoint{store: st, format: f, md: md, size: len(data)}, nil
+	}
+	var sample string
+	errStop := errors.New("stop")
+	err := st.List(ctx, "", func(o backend.ObjectInfo) error {
+		sample = o.Key
+		return errStop
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
+	}
+	if sample != "" {
+		return nil, fmt.Errorf("open checkpoint %s: %w (found %s but no metadata object %s)", st, ErrIncomplete, st.URL(sample), metadata.ObjectKey)
+	}
+	return nil, fmt.Errorf("open checkpoint %s: %w", st, ErrNoCheckpoint)
+}
+
+// Metadata returns the checkpoint's metadata (do not modify it).
+func (c *Checkpoint) Metadata() *metadata.Checkpoint { return c.md }
+
+// FormatName returns the format the checkpoint was read as ("ckptkit",
+// "torch-dcp", ...).
+func (c *Checkpoint) FormatName() string { return c.format.Name }
+
+// MetadataKey is the key of the metadata object that was read.
+func (c *Checkpoint) MetadataKey() string { return c.format.ObjectKey }
+
+// MetadataSize is the metadata object's size in bytes.
+func (c *Checkpoint) MetadataSize() int { return c.size }
+
+// Store returns the store every read goes through.
+func (c *Checkpoint) Store() *backend.Store { return c.store }
+
+// URL is the checkpoint's redacted URL.
+func (c *Checkpoint) URL() string { return c.store.String() }

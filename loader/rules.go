@@ -1,0 +1,253 @@
+package loader
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// maxListed caps how many keys an error or log line names.
+const maxListed = 5
+
+// keyRef is one key of one rank's target.
+type keyRef struct {
+	rank int
+	key  string
+}
+
+// decision is the outcome of the resume rules for a set of targets: which
+// target keys to read, which to leave untouched and why.
+type decision struct {
+	read        []keyRef
+	lazyParams  []string // parameters whose optimizer state is wholly absent
+	lazyKeys    []string // their target keys, left untouched
+	skippedOpt  []string // optimizer keys not loaded (NoLoadOptimizer or not saved)
+	frozen      []string // missing frozen model keys, left untouched
+	extra       []string // checkpoint keys no target asked for
+	optimLoaded bool
+}
+
+// splitStateKey parses "<prefix>.state.<fqn>.<slot>" for one of slots.
+func splitStateKey(key, statePrefix string, slots []string) (fqn, slot string, ok bool) {
+	rest, found := strings.CutPrefix(key, statePrefix)
+	if !found {
+		return "", "", false
+	}
+	for _, s := range slots {
+		if f, cut := strings.CutSuffix(rest, "."+s); cut && f != "" {
+			return f, s, true
+		}
+	}
+	return "", "", false
+}
+
+func listSome(keys []string) string {
+	if len(keys) <= maxListed {
+		return strings.Join(keys, ", ")
+	}
+	return fmt.Sprintf("%s, ... (%d in all)", strings.Join(keys[:maxListed], ", "), len(keys))
+}
+
+// decide applies the resume rules (docs/RESUME.md) to the targets without
+// touching them or any storage.
+func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Options) (*decision, error) {
+	d := &decision{}
+	optPrefix := opts.OptimizerPrefix + "."
+	statePrefix := opts.OptimizerPrefix + ".state."
+	has := func(k string) bool { return md.Tensor(k) != nil || md.BytesValue(k) != nil }
+
+	// Every distinct target key, with the ranks that want it.
+	ranksOf := map[string][]int{}
+	for r, sd := range targets {
+		for k := range sd.Tensors {
+			ranksOf[k] = append(ranksOf[k], r)
+		}
+		for k := range sd.Bytes {
+			ranksOf[k] = append(ranksOf[k], r)
+		}
+	}
+	keys := make([]string, 0, len(ranksOf))
+	for k := range ranksOf {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+
+	skip := map[string]bool{}
+	// Rule 6: the optimizer is not loaded when the caller says so or when
+	// the checkpoint deliberately has none; everything else still loads.
+	optimSaved := md.Training.Optimizer == metadata.OptimizerSaved
+	d.optimLoaded = !opts.NoLoadOptimizer && optimSaved
+	if !d.optimLoaded {
+		for _, k := range keys {
+			if strings.HasPrefix(k, optPrefix) {
+				skip[k] = true
+				d.skippedOpt = append(d.skippedOpt, k)
+			}
+		}
+	} else {
+		// Rules 1-3: lazily absent, partial, layout mismatch.
+		type paramSlots struct{ want, have []string }
+		params := map[string]*paramSlots{}
+		for _, k := range keys {
+			fqn, _, ok := splitStateKey(k, statePrefix, opts.OptimizerSlots)
+			if !ok {
+				continue
+			}
+			p := params[fqn]
+			if p == nil {
+				p = &paramSlots{}
+				params[fqn] = p
+			}
+			p.want = append(p.want, k)
+			if has(k) {
+				p.have = append(p.have, k)
+			}
+		}
+		// The checkpoint side too: a slot saved for a parameter whose other
+		// saved slots the target does not ask for is still partial state.
+		ckptParams := map[string][]string{}
+		forEachKey(md, func(k string) {
+			if fqn, _, ok := splitStateKey(k, statePrefix, opts.OptimizerSlots); ok {
+				ckptParams[fqn] = append(ckptParams[fqn], k)
+			}
+		})
+		fqns := make([]string, 0, len(params))
+		for f := range params {
+			fqns = append(fqns, f)
+		}
+		sort.Strings(fqns)
+		var partial []string
+		for _, fqn := range fqns {
+			p := params[fqn]
+			switch {
+			case len(p.have) == 0 && len(ckptParams[fqn]) == 0:
+				d.lazyParams = append(d.lazyParams, fqn)
+				for _, k := range p.want {
+					skip[k] = true
+					d.lazyKeys = append(d.lazyKeys, k)
+				}
+			case len(p.have) < len(p.want):
+				var missing []string
+				for _, k := range p.want {
+					if !has(k) {
+						missing = append(missing, k)
+					}
+				}
+				have := p.have
+				if len(have) == 0 {
+					have = ckptParams[fqn]
+				}
+				partial = append(partial, fmt.Sprintf("parameter %q has %s but lacks %s", fqn, strings.Join(have, ", "), strings.Join(missing, ", ")))
+			}
+		}
+		if len(partial) > 0 {
+			return nil, fmt.Errorf("%w (corrupt or incomplete save; refusing to resume with zeroed state): %s", ErrPartialOptimizerState, strings.Join(partial, "; "))
+		}
+		if len(params) > 0 && len(d.lazyParams) == len(params) && savedStateEntries(md, opts) > 0 {
+			return nil, layoutError(md, statePrefix, fqns, params[fqns[0]].want)
+		}
+	}
+
+	// Rule 5: strict model and other keys, kinds, dtypes and shapes.
+	frozen := map[string]bool{}
+	for _, k := range opts.Frozen {
+		frozen[k] = true
+	}
+	var missing, mismatch []string
+	for _, k := range keys {
+		if skip[k] {
+			continue
+		}
+		if !has(k) {
+			if frozen[k] {
+				d.frozen = append(d.frozen, k)
+				continue
+			}
+			missing = append(missing, k)
+			continue
+		}
+		for _, r := range ranksOf[k] {
+			if msg := compare(md, targets[r], k, r); msg != "" {
+				mismatch = append(mismatch, msg)
+			}
+			d.read = append(d.read, keyRef{rank: r, key: k})
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrMissingKeys, listSome(missing))
+	}
+	if len(mismatch) > 0 {
+		return nil, fmt.Errorf("%w: %s", ErrMismatch, strings.Join(mismatch[:min(len(mismatch), maxListed)], "; "))
+	}
+	forEachKey(md, func(k string) {
+		if _, wanted := ranksOf[k]; !wanted && !(!d.optimLoaded && strings.HasPrefix(k, optPrefix)) {
+			d.extra = append(d.extra, k)
+		}
+	})
+	return d, nil
+}
+
+// savedStateEntries counts what the checkpoint says it saved as
+// per-parameter optimizer state.
+func savedStateEntries(md *metadata.Checkpoint, opts *Options) int {
+	n := md.Training.OptimizerStateEntries
+	if n == 0 {
+		forEachKey(md, func(k string) {
+			if strings.HasPrefix(k, opts.OptimizerPrefix+".state.") {
+				n++
+			}
+		})
+	}
+	return n
+}
+
+func layoutError(md *metadata.Checkpoint, statePrefix string, fqns, wantOne []string) error {
+	var saved []string
+	ckptState := md.Training.OptimizerPrefix + ".state."
+	forEachKey(md, func(k string) {
+		if len(saved) < 3 && md.Training.OptimizerPrefix != "" && strings.HasPrefix(k, ckptState) {
+			saved = append(saved, k)
+		}
+	})
+	expected := slices.Clone(wantOne)
+	if len(expected) > 3 {
+		expected = expected[:3]
+	}
+	return fmt.Errorf("%w: the checkpoint holds %d optimizer state entries (e.g. %s) but none belongs to any of the %d trainable parameters of the target (expected e.g. %s under %q); refusing to silently restart the optimizer",
+		ErrLayoutMismatch, md.Training.OptimizerStateEntries, strings.Join(saved, ", "), len(fqns), strings.Join(expected, ", "), statePrefix)
+}
+
+// compare checks kind, dtype and shape of one target key against the
+// checkpoint; it returns a message naming both sides, or "".
+func compare(md *metadata.Checkpoint, sd *statedict.StateDict, key string, rank int) string {
+	te := md.Tensor(key)
+	sh, isTensor := sd.Tensors[key]
+	switch {
+	case isTensor && te == nil:
+		return fmt.Sprintf("%q: checkpoint holds bytes, rank %d target wants a tensor", key, rank)
+	case !isTensor && te != nil:
+		return fmt.Sprintf("%q: checkpoint holds a tensor %s%v, rank %d target wants bytes", key, te.DType, te.Shape, rank)
+	case !isTensor:
+		return ""
+	}
+	if string(sh.DType) != te.DType || !slices.Equal(sh.GlobalShape, te.Shape) {
+		return fmt.Sprintf("%q: checkpoint %s%v, rank %d target %s%v", key, te.DType, te.Shape, rank, sh.DType, sh.GlobalShape)
+	}
+	if err := sh.Check(); err != nil {
+		return fmt.Sprintf("%q: rank %d target: %v", key, rank, err)
+	}
+	return ""
+}
+
+func forEachKey(md *metadata.Checkpoint, fn func(string)) {
+	for i := range md.Tensors {
+		fn(md.Tensors[i].Key)
+	}
+	for i := range md.Bytes {
+		fn(md.Bytes[i].Key)
+	}
+}

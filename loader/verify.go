@@ -1,0 +1,276 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
+)
+
+// Rule names used in verify reports.
+const (
+	RuleUncommitted      = "uncommitted"
+	RuleMissingObject    = "missing-object"
+	RuleObjectSize       = "object-size"
+	RulePartialOptimizer = "partial-optimizer-state"
+	RuleShardCoverage    = "shard-coverage"
+	RuleLayoutMismatch   = "layout-mismatch"
+	RuleChecksum         = "checksum"
+	RuleLazyOptimizer    = "lazy-optimizer-state"
+	RuleOptimizerOmitted = "optimizer-omitted"
+)
+
+// Finding is one problem (or piece of information) found by Verify.
+type Finding struct {
+	Rule    string `json:"rule"`
+	Key     string `json:"key,omitempty"`
+	Object  string `json:"object,omitempty"`
+	Message string `json:"message"`
+}
+
+// VerifyReport is the outcome of Verify.
+type VerifyReport struct {
+	URL       string `json:"url"`
+	Format    string `json:"format,omitempty"`
+	Version   string `json:"version,omitempty"`
+	Writer    string `json:"writer,omitempty"`
+	Iteration int64  `json:"iteration"`
+	Deep      bool   `json:"deep"`
+	// Resumable is true when there are no problems.
+	Resumable bool      `json:"resumable"`
+	Problems  []Finding `json:"problems"`
+	Info      []Finding `json:"info"`
+	// BytesChecked counts the bytes read by a deep verify.
+	BytesChecked int64 `json:"bytes_checked"`
+}
+
+// VerifyOptions tune Verify.
+type VerifyOptions struct {
+	// Deep reads every byte and checks every CRC32C (or decodes foreign
+	// chunks).
+	Deep bool
+	// OptimizerPrefix and OptimizerSlots default to the checkpoint's
+	// training-state record, then to "optimizer" and AdamW's slots.
+	OptimizerPrefix string
+	OptimizerSlots  []string
+	Concurrency     int
+}
+
+// Verify is the pre-flight check before a resume: it reads the metadata
+// once and reports every problem by rule name. The error is non-nil only
+// for access errors; a bad or incomplete checkpoint is a report with
+// Resumable false.
+func Verify(ctx context.Context, st *backend.Store, opts VerifyOptions) (*VerifyReport, error) {
+	rep := &VerifyReport{URL: st.String(), Deep: opts.Deep, Problems: []Finding{}, Info: []Finding{}}
+	c, err := Open(ctx, st)
+	switch {
+	case errors.Is(err, ErrIncomplete), errors.Is(err, ErrNoCheckpoint):
+		rep.Problems = append(rep.Problems, Finding{Rule: RuleUncommitted, Message: err.Error()})
+		return rep, nil
+	case err != nil:
+		return nil, err
+	}
+	if err := c.VerifyInto(ctx, rep, opts); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// VerifyInto checks an open checkpoint and appends to rep.
+func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts VerifyOptions) error {
+	md := c.md
+	rep.Format, rep.Version, rep.Writer, rep.Iteration = c.format.Name, md.Version, md.Writer, md.Training.Iteration
+	prefix := opts.OptimizerPrefix
+	if prefix == "" {
+		prefix = md.Training.OptimizerPrefix
+	}
+	if prefix == "" {
+		prefix = "optimizer"
+	}
+	slots := opts.OptimizerSlots
+	if len(slots) == 0 {
+		slots = md.Training.OptimizerSlots
+	}
+	if len(slots) == 0 {
+		slots = []string{"step", "exp_avg", "exp_avg_sq"}
+	}
+	add := func(f Finding) { rep.Problems = append(rep.Problems, f) }
+
+	// Objects: one listing, compared against the metadata.
+	sizes := map[string]int64{}
+	if err := c.store.List(ctx, "", func(o backend.ObjectInfo) error {
+		sizes[o.Key] = o.Size
+		return nil
+	}); err != nil {
+		return fmt.Errorf("verify %s: %w", c.URL(), err)
+	}
+	missingObj := map[string]bool{}
+	for _, o := range md.Objects {
+		got, ok := sizes[o.Key]
+		switch {
+		case !ok:
+			missingObj[o.Key] = true
+			add(Finding{Rule: RuleMissingObject, Object: c.store.URL(o.Key), Message: fmt.Sprintf("data object %s is missing", c.store.URL(o.Key))})
+		case got != o.Size:
+			missingObj[o.Key] = true
+			add(Finding{Rule: RuleObjectSize, Object: c.store.URL(o.Key), Message: fmt.Sprintf("data object %s is %d bytes, metadata says %d", c.store.URL(o.Key), got, o.Size)})
+		}
+	}
+
+	// Shard coverage.
+	for i := range md.Tensors {
+		if err := planner.CheckCoverage(&md.Tensors[i]); err != nil {
+			add(Finding{Rule: RuleShardCoverage, Key: md.Tensors[i].Key, Message: err.Error()})
+		}
+	}
+
+	// Optimizer state: partial, lazily absent, layout.
+	statePrefix := prefix + ".state."
+	params := map[string][]string{}
+	forEachKey(md, func(k string) {
+		if fqn, slot, ok := splitStateKey(k, statePrefix, slots); ok {
+			params[fqn] = append(params[fqn], slot)
+		}
+	})
+	switch md.Training.Optimizer {
+	case metadata.OptimizerOmitted:
+		rep.Info = append(rep.Info, Finding{Rule: RuleOptimizerOmitted, Message: "optimizer state was deliberately not saved; a resume restores iteration and scheduler and starts the optimizer fresh"})
+	case metadata.OptimizerSaved:
+		fqns := make([]string, 0, len(params))
+		for f := range params {
+			fqns = append(fqns, f)
+		}
+		sort.Strings(fqns)
+		for _, fqn := range fqns {
+			have := params[fqn]
+			var missing []string
+			for _, s := range slots {
+				if !contains(have, s) {
+					missing = append(missing, statePrefix+fqn+"."+s)
+				}
+			}
+			if len(missing) > 0 {
+				add(Finding{Rule: RulePartialOptimizer, Key: statePrefix + fqn, Message: fmt.Sprintf("parameter %q has optimizer slots %s but lacks %s", fqn, strings.Join(have, ", "), strings.Join(missing, ", "))})
+			}
+		}
+		modelPrefix := md.Training.ModelPrefix
+		if modelPrefix == "" {
+			modelPrefix = "model"
+		}
+		var lazy []string
+		matched := 0
+		for i := range md.Tensors {
+			fqn, ok := strings.CutPrefix(md.Tensors[i].Key, modelPrefix+".")
+			if !ok {
+				continue
+			}
+			if _, has := params[fqn]; has {
+				matched++
+			} else {
+				lazy = append(lazy, fqn)
+			}
+		}
+		entries := md.Training.OptimizerStateEntries
+		if entries == 0 {
+			for _, s := range params {
+				entries += len(s)
+			}
+		}
+		if entries > 0 && matched == 0 {
+			var ck []string
+			forEachKey(md, func(k string) {
+				if len(ck) < 3 && !strings.HasPrefix(k, modelPrefix+".") {
+					ck = append(ck, k)
+				}
+			})
+			add(Finding{Rule: RuleLayoutMismatch, Message: fmt.Sprintf("%d optimizer state entries recorded but none matches a model parameter under %q with prefix %q (checkpoint keys e.g. %s)", entries, modelPrefix, statePrefix, strings.Join(ck, ", "))})
+		} else if len(lazy) > 0 {
+			rep.Info = append(rep.Info, Finding{Rule: RuleLazyOptimizer, Message: fmt.Sprintf("%d parameters have no optimizer state (no gradient before the save, or frozen); a resume starts their state fresh: %s", len(lazy), listSome(lazy))})
+		}
+	}
+
+	if opts.Deep {
+		n, problems, err := c.deepCheck(ctx, missingObj, opts.Concurrency)
+		if err != nil {
+			return fmt.Errorf("verify %s: %w", c.URL(), err)
+		}
+		rep.BytesChecked = n
+		rep.Problems = append(rep.Problems, problems...)
+	}
+	rep.Resumable = len(rep.Problems) == 0
+	return nil
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// deepCheck reads every chunk of every present object and checks it.
+func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int) (int64, []Finding, error) {
+	if conc <= 0 {
+		conc = 8
+	}
+	md := c.md
+	var reqs []planner.ReadRequest
+	for i := range md.Tensors {
+		t := &md.Tensors[i]
+		if planner.CheckCoverage(t) != nil {
+			continue // reported as shard-coverage; reads would not plan
+		}
+		skip := false
+		for _, ch := range t.Chunks {
+			skip = skip || skipObjects[ch.Object]
+		}
+		if skip || len(t.Chunks) == 0 {
+			continue
+		}
+		reqs = append(reqs, planner.ReadRequest{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape})
+	}
+	for _, b := range md.Bytes {
+		if !skipObjects[b.Object] {
+			reqs = append(reqs, planner.ReadRequest{Key: b.Key, Kind: planner.BytesItem})
+		}
+	}
+	plan, err := planner.PlanLoad(md, reqs, planner.LoadOptions{})
+	if err != nil {
+		return 0, nil, err
+	}
+	findings := make([][]Finding, len(plan.Ops))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(conc)
+	for i := range plan.Ops {
+		op := &plan.Ops[i]
+		g.Go(func() error {
+			buf := make([]byte, op.Length)
+			if err := c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+				return err
+			}
+			for _, cr := range op.Chunks {
+				if _, err := c.verifyChunk(op, &cr, buf[cr.Start:cr.Start+cr.Length]); err != nil {
+					findings[i] = append(findings[i], Finding{Rule: RuleChecksum, Key: cr.Key, Object: c.store.URL(op.Object), Message: err.Error()})
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, nil, err
+	}
+	var out []Finding
+	for _, f := range findings {
+		out = append(out, f...)
+	}
+	return plan.BytesRead, out, nil
+}

@@ -1,0 +1,408 @@
+// Package saver writes a sharded checkpoint: every rank offers its
+// statedict, rank 0 plans (deduplicating replicated items, balancing
+// writers), every rank writes its data objects concurrently with a CRC32C
+// per item, and rank 0 commits the metadata object last. A prefix without
+// that metadata object is an incomplete checkpoint that loaders refuse.
+package saver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/coordinator"
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// Version is written into Checkpoint.Writer.
+const Version = "ckptkit/0.1.0"
+
+// Default key prefixes and AdamW's slot names.
+const (
+	DefaultModelPrefix     = "model"
+	DefaultOptimizerPrefix = "optimizer"
+	DefaultSchedulerPrefix = "scheduler"
+)
+
+// DefaultOptimizerSlots are AdamW's per-parameter state slots.
+var DefaultOptimizerSlots = []string{"step", "exp_avg", "exp_avg_sq"}
+
+// ErrCommitted is returned when the target prefix already holds a committed
+// checkpoint and Options.Overwrite is false.
+var ErrCommitted = errors.New("a committed checkpoint already exists at this prefix")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Options tune a save. The zero value saves everything with the defaults.
+type Options struct {
+	// Iteration is recorded in the training-state record.
+	Iteration int64
+	// NoSaveOptimizer leaves every key under OptimizerPrefix out of the
+	// checkpoint; iteration and scheduler are still saved and the record
+	// says the optimizer was deliberately omitted.
+	NoSaveOptimizer bool
+	// ModelPrefix, OptimizerPrefix and SchedulerPrefix name the top-level
+	// key prefixes (defaults "model", "optimizer", "scheduler").
+	ModelPrefix, OptimizerPrefix, SchedulerPrefix string
+	// OptimizerSlots are the per-parameter slot names (default AdamW's).
+	OptimizerSlots []string
+	// Overwrite replaces a committed checkpoint at the prefix (its metadata
+	// is deleted first, so it is never half-valid).
+	Overwrite bool
+	// MaxObjectBytes splits a rank's data into several objects (0: one).
+	MaxObjectBytes int64
+	// Concurrency bounds a rank's concurrent object uploads (default 4).
+	Concurrency int
+}
+
+func (o *Options) defaults() {
+	if o.ModelPrefix == "" {
+		o.ModelPrefix = DefaultModelPrefix
+	}
+	if o.OptimizerPrefix == "" {
+		o.OptimizerPrefix = DefaultOptimizerPrefix
+	}
+	if o.SchedulerPrefix == "" {
+		o.SchedulerPrefix = DefaultSchedulerPrefix
+	}
+	if len(o.OptimizerSlots) == 0 {
+		o.OptimizerSlots = DefaultOptimizerSlots
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 4
+	}
+}
+
+// Result describes a committed save.
+type Result struct {
+	// URL is the checkpoint's (redacted) URL.
+	URL string
+	// Metadata is the committed metadata.
+	Metadata *metadata.Checkpoint
+	// BytesWritten counts data bytes written by all ranks (metadata excluded).
+	BytesWritten int64
+	// MetadataBytes is the metadata object's size.
+	MetadataBytes int
+	// Duration is the wall time of the save on the rank that returned it.
+	Duration time.Duration
+}
+
+// SaveLocal saves the statedicts of len(sds) ranks running as goroutines of
+// this process. It returns when the checkpoint is committed or has failed.
+func SaveLocal(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options) (*Result, error) {
+	coords := coordinator.NewLocal(len(sds))
+	results := make([]*Result, len(sds))
+	errs := make([]error, len(sds))
+	done := make(chan int, len(sds))
+	for r := range sds {
+		go func(r int) {
+			results[r], errs[r] = Save(ctx, st, coords[r], sds[r], opts)
+			done <- r
+		}(r)
+	}
+	for range sds {
+		<-done
+	}
+	if errs[0] != nil {
+		return nil, errs[0]
+	}
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return results[0], nil
+}
+
+type planOutcome struct {
+	plan *planner.GlobalPlan
+	err  error
+}
+
+type rankOutcome struct {
+	crcs    map[[2]int]uint32 // (entry, chunk) -> CRC32C; chunk -1 for bytes
+	written int64
+	err     error
+}
+
+type commitOutcome struct {
+	md    *metadata.Checkpoint
+	size  int
+	bytes int64
+	err   error
+}
+
+// Save is one rank's part of a collective save: every rank of c calls it
+// with its own statedict. All ranks return the same outcome.
+func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options) (*Result, error) {
+	start := time.Now()
+	opts.defaults()
+	rank := c.Rank()
+	local, data, err := localPlan(rank, sd, opts)
+
+	// 1. Gather the local plans (a failed rank still takes part, with its error).
+	vals, gerr := c.AllGather(ctx, localOutcome{plan: local, err: err})
+	if gerr != nil {
+		return nil, fmt.Errorf("save %s: %w", st, gerr)
+	}
+
+	// 2. Rank 0 plans and shares the global plan.
+	var out planOutcome
+	if rank == 0 {
+		out = globalPlan(ctx, st, vals, opts)
+	}
+	bv, berr := c.Broadcast(ctx, out)
+	if berr != nil {
+		return nil, fmt.Errorf("save %s: %w", st, berr)
+	}
+	out = bv.(planOutcome)
+	if out.err != nil {
+		return nil, out.err
+	}
+
+	// 3. Every rank writes its objects.
+	ro := writeRank(ctx, st, rank, out.plan, data, opts)
+	vals, gerr = c.AllGather(ctx, ro)
+	if gerr != nil {
+		return nil, fmt.Errorf("save %s: %w", st, gerr)
+	}
+
+	// 4. Rank 0 commits the metadata, last.
+	var co commitOutcome
+	if rank == 0 {
+		co = commit(ctx, st, out.plan, vals, opts)
+	}
+	cv, cerr := c.Broadcast(ctx, co)
+	if cerr != nil {
+		return nil, fmt.Errorf("save %s: %w", st, cerr)
+	}
+	co = cv.(commitOutcome)
+	if co.err != nil {
+		return nil, co.err
+	}
+	return &Result{URL: st.String(), Metadata: co.md, BytesWritten: co.bytes, MetadataBytes: co.size, Duration: time.Since(start)}, nil
+}
+
+type localOutcome struct {
+	plan planner.LocalPlan
+	err  error
+}
+
+// localPlan lists what this rank offers, in key order, with the data slices
+// indexed like the plan items.
+func localPlan(rank int, sd *statedict.StateDict, opts Options) (planner.LocalPlan, [][]byte, error) {
+	lp := planner.LocalPlan{Rank: rank}
+	if err := sd.Check(); err != nil {
+		return lp, nil, fmt.Errorf("rank %d statedict: %w", rank, err)
+	}
+	var data [][]byte
+	optPrefix := opts.OptimizerPrefix + "."
+	for _, k := range sd.Keys() {
+		if opts.NoSaveOptimizer && strings.HasPrefix(k, optPrefix) {
+			continue
+		}
+		if t, ok := sd.Tensors[k]; ok {
+			lp.Items = append(lp.Items, planner.SaveItem{Key: k, Kind: planner.TensorItem, DType: string(t.DType),
+				GlobalShape: t.GlobalShape, Offsets: t.Offsets, Sizes: t.Sizes, Length: int64(len(t.Data))})
+			data = append(data, t.Data)
+			continue
+		}
+		b := sd.Bytes[k]
+		lp.Items = append(lp.Items, planner.SaveItem{Key: k, Kind: planner.BytesItem, Length: int64(len(b))})
+		data = append(data, b)
+	}
+	return lp, data, nil
+}
+
+func globalPlan(ctx context.Context, st *backend.Store, vals []any, opts Options) planOutcome {
+	plans := make([]planner.LocalPlan, len(vals))
+	var errs []error
+	for r, v := range vals {
+		lo := v.(localOutcome)
+		if lo.err != nil {
+			errs = append(errs, lo.err)
+		}
+		plans[r] = lo.plan
+	}
+	if len(errs) > 0 {
+		return planOutcome{err: fmt.Errorf("save %s: %w", st, errors.Join(errs...))}
+	}
+	if err := checkUncommitted(ctx, st, opts); err != nil {
+		return planOutcome{err: err}
+	}
+	gp, err := planner.PlanSave(plans, planner.SaveOptions{MaxObjectBytes: opts.MaxObjectBytes})
+	if err != nil {
+		return planOutcome{err: fmt.Errorf("save %s: plan: %w", st, err)}
+	}
+	return planOutcome{plan: gp}
+}
+
+// checkUncommitted refuses to write over a committed checkpoint (of any
+// known format) unless Overwrite, in which case its metadata goes first.
+func checkUncommitted(ctx context.Context, st *backend.Store, opts Options) error {
+	for _, f := range metadata.Formats() {
+		ok, err := st.Exists(ctx, f.ObjectKey)
+		if err != nil {
+			return fmt.Errorf("save %s: %w", st, err)
+		}
+		if !ok {
+			continue
+		}
+		if !opts.Overwrite {
+			return fmt.Errorf("save %s: %w (%s); pass Overwrite to replace it", st, ErrCommitted, st.URL(f.ObjectKey))
+		}
+		if err := st.Delete(ctx, f.ObjectKey); err != nil {
+			return fmt.Errorf("save %s: uncommit the old checkpoint: %w", st, err)
+		}
+	}
+	return nil
+}
+
+func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.GlobalPlan, data [][]byte, opts Options) rankOutcome {
+	ro := rankOutcome{crcs: map[[2]int]uint32{}}
+	var mine []planner.RankWrites
+	for _, w := range gp.Writes {
+		if w.Rank == rank {
+			mine = append(mine, w)
+		}
+	}
+	type objCRC struct {
+		items []uint32
+	}
+	results := make([]objCRC, len(mine))
+	var written atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Concurrency)
+	for i, w := range mine {
+		g.Go(func() error {
+			parts := make([][]byte, len(w.Items))
+			crcs := make([]uint32, len(w.Items))
+			var obj uint32
+			var off int64
+			for j, it := range w.Items {
+				if it.Offset != off {
+					return fmt.Errorf("save %s: plan places %q at %d, expected %d", st.URL(w.Object), it.Key, it.Offset, off)
+				}
+				b := data[it.LocalIndex]
+				parts[j] = b
+				crcs[j] = crc32.Checksum(b, castagnoli)
+				obj = crc32.Update(obj, castagnoli, b)
+				off += int64(len(b))
+			}
+			if off != w.Size {
+				return fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
+			}
+			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(parts), backend.PutOptions{CRC32C: &obj, ContentType: "application/octet-stream"}); err != nil {
+				return fmt.Errorf("save rank %d: %w", rank, err)
+			}
+			written.Add(w.Size)
+			results[i] = objCRC{items: crcs}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		ro.err = err
+		return ro
+	}
+	for i, w := range mine {
+		for j, it := range w.Items {
+			ro.crcs[[2]int{it.Entry, it.Chunk}] = results[i].items[j]
+		}
+	}
+	ro.written = written.Load()
+	return ro
+}
+
+func commit(ctx context.Context, st *backend.Store, gp *planner.GlobalPlan, vals []any, opts Options) commitOutcome {
+	var errs []error
+	var total int64
+	md := gp.Metadata
+	for _, v := range vals {
+		ro := v.(rankOutcome)
+		if ro.err != nil {
+			errs = append(errs, ro.err)
+			continue
+		}
+		total += ro.written
+		for k, crc := range ro.crcs {
+			if k[1] < 0 {
+				md.Bytes[k[0]].CRC32C = crc
+			} else {
+				md.Tensors[k[0]].Chunks[k[1]].CRC32C = crc
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return commitOutcome{err: fmt.Errorf("save %s: data not written, checkpoint not committed: %w", st, errors.Join(errs...))}
+	}
+	if err := ctx.Err(); err != nil {
+		return commitOutcome{err: fmt.Errorf("save %s: not committed: %w", st, err)}
+	}
+	md.Writer = Version
+	md.CreatedAt = time.Now().UTC().Truncate(time.Millisecond)
+	md.Training = trainingRecord(md, opts)
+	enc, err := metadata.Encode(md)
+	if err != nil {
+		return commitOutcome{err: fmt.Errorf("save %s: %w", st, err)}
+	}
+	po := backend.PutOptions{ContentType: "application/json"}
+	crc := crc32.Checksum(enc, castagnoli)
+	po.CRC32C = &crc
+	if st.Capabilities().CreateIfAbsent {
+		po.IfNotExists = true
+	}
+	if err := st.PutBytes(ctx, metadata.ObjectKey, enc, po); err != nil {
+		if errors.Is(err, backend.ErrAlreadyExists) {
+			return commitOutcome{err: fmt.Errorf("save %s: another writer committed first: %w: %w", st, ErrCommitted, err)}
+		}
+		return commitOutcome{err: fmt.Errorf("save %s: commit metadata: %w", st, err)}
+	}
+	return commitOutcome{md: md, size: len(enc), bytes: total}
+}
+
+// trainingRecord derives the training-state record from what was saved.
+func trainingRecord(md *metadata.Checkpoint, opts Options) metadata.TrainingState {
+	ts := metadata.TrainingState{
+		Iteration:       opts.Iteration,
+		OptimizerPrefix: opts.OptimizerPrefix,
+		OptimizerSlots:  append([]string(nil), opts.OptimizerSlots...),
+		ModelPrefix:     opts.ModelPrefix,
+	}
+	optAny, statePrefix := opts.OptimizerPrefix+".", opts.OptimizerPrefix+".state."
+	var anyOpt bool
+	count := func(k string) {
+		if strings.HasPrefix(k, optAny) {
+			anyOpt = true
+		}
+		if strings.HasPrefix(k, statePrefix) {
+			ts.OptimizerStateEntries++
+		}
+		if strings.HasPrefix(k, opts.SchedulerPrefix+".") {
+			ts.SchedulerPrefix = opts.SchedulerPrefix
+		}
+	}
+	for _, t := range md.Tensors {
+		count(t.Key)
+	}
+	for _, b := range md.Bytes {
+		count(b.Key)
+	}
+	switch {
+	case opts.NoSaveOptimizer:
+		ts.Optimizer = metadata.OptimizerOmitted
+	case anyOpt:
+		ts.Optimizer = metadata.OptimizerSaved
+	default:
+		ts.Optimizer = metadata.OptimizerNone
+	}
+	return ts
+}
