@@ -17,7 +17,6 @@ import (
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/saver"
-	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // checkpointCases are the resume-rule cases, run through the public save
@@ -54,8 +53,7 @@ func caseReshard(t *testing.T, h *Harness) {
 	require.NotNil(t, e)
 	require.Len(t, e.Chunks, 1, "replicated tensor must be written once")
 	var unique, stored int64
-	for k, tn := range f.full {
-		_ = k
+	for _, tn := range f.full {
 		unique += int64(len(tn.Data))
 	}
 	for _, b := range f.bytes {
@@ -296,5 +294,4 @@ func caseInterruptedSave(t *testing.T, h *Harness) {
 	require.NoError(t, err, "the previous checkpoint must stay loadable")
 	require.Equal(t, int64(1), rep.Iteration)
 	f.check(t, targets, f.isLazyKey)
-	_ = statedict.Float32
 }

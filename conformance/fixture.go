@@ -22,7 +22,6 @@ type fixture struct {
 	lazyParam string
 }
 
-var adamSlots = []string{"step", "exp_avg", "exp_avg_sq"}
 
 func newFixture(seed uint64) *fixture {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))

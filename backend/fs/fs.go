@@ -1,0 +1,461 @@
+// Package fs is the ckptkit driver for local directories: file:///abs/dir
+// URLs and plain paths (which backend.ParseURL turns into file:// URLs).
+//
+// Every operation goes through an os.Root opened on the directory, so no key
+// ever resolves outside it, symbolic links included: a link that points out
+// of the root is refused with backend.CodePermission. Writes go to a hidden
+// temporary file in the destination directory, are fsynced, then published by
+// rename (or by hard link for create-if-absent), and the directory is fsynced.
+//
+// Importing the package registers the "file" scheme.
+package fs
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/ckptkit/ckptkit/backend"
+)
+
+// TempPrefix starts the name of every temporary file a Put creates. List
+// never shows such files and Put refuses keys whose last segment starts
+// with it.
+const TempPrefix = ".ckptkit-tmp-"
+
+func init() {
+	backend.MustRegister("file", Open)
+}
+
+// Open is the backend.Opener for file:// URLs. The URL path is the root
+// directory, created if missing; the returned prefix is "". A host other
+// than "" or "localhost" is refused.
+func Open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
+	if u.Host != "" && u.Host != "localhost" {
+		return nil, "", fmt.Errorf("file URL with host %q: only local paths are supported: %w", u.Host, backend.ErrUnsupported)
+	}
+	if u.Path == "" {
+		return nil, "", fmt.Errorf("file URL without a path: %w", backend.ErrInvalidKey)
+	}
+	d, err := New(filepath.FromSlash(u.Path))
+	if err != nil {
+		return nil, "", err
+	}
+	return d, "", nil
+}
+
+// Driver is a backend.Driver rooted at a local directory.
+type Driver struct {
+	root *os.Root
+}
+
+var _ backend.Driver = (*Driver)(nil)
+
+// New returns a driver rooted at dir, creating the directory if missing.
+func New(dir string) (*Driver, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create root directory: %w", err)
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open root directory: %w", err)
+	}
+	captureEscapeErr(r)
+	return &Driver{root: r}, nil
+}
+
+// errPathEscapes holds the (unexported) error os.Root reports when a name
+// or a symbolic link would leave the root, so ErrorCode can classify it with
+// errors.Is. It is captured once from a lexical escape, which performs no I/O.
+var (
+	escapeOnce     sync.Once
+	errPathEscapes error
+)
+
+func captureEscapeErr(r *os.Root) {
+	escapeOnce.Do(func() {
+		_, err := r.Lstat("..")
+		var pe *iofs.PathError
+		if errors.As(err, &pe) {
+			errPathEscapes = pe.Err
+		}
+	})
+}
+
+// conflictError reports a key that the file system cannot hold because a
+// file and a directory would share a name (keys "a" and "a/b").
+type conflictError struct {
+	key string
+	err error
+}
+
+func (e *conflictError) Error() string {
+	return fmt.Sprintf("key %q conflicts with an existing file or directory: %v", e.key, e.err)
+}
+
+func (e *conflictError) Unwrap() error { return e.err }
+
+func native(key string) string { return filepath.FromSlash(key) }
+
+// NewRangeReader implements backend.Driver.
+func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if offset < 0 {
+		return nil, fmt.Errorf("negative offset %d: %w", offset, backend.ErrInvalidKey)
+	}
+	f, err := d.root.Open(native(key))
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, notAnObject(key)
+	}
+	size := fi.Size()
+	if offset >= size || length == 0 {
+		f.Close()
+		return io.NopCloser(bytes.NewReader(nil)), nil
+	}
+	n := size - offset
+	if length >= 0 && length < n {
+		n = length
+	}
+	return &fileReader{ctx: ctx, r: io.NewSectionReader(f, offset, n), f: f}, nil
+}
+
+func notAnObject(key string) error {
+	return &iofs.PathError{Op: "open", Path: key, Err: iofs.ErrNotExist}
+}
+
+type fileReader struct {
+	ctx context.Context
+	r   io.Reader
+	f   *os.File
+}
+
+func (r *fileReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}
+
+func (r *fileReader) Close() error { return r.f.Close() }
+
+// ctxReader fails with the context's error between reads once ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r ctxReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}
+
+// Put implements backend.Driver: temp file, copy, fsync, publish, fsync dir.
+func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) (err error) {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if strings.HasPrefix(path.Base(key), TempPrefix) {
+		return fmt.Errorf("key %q uses the reserved temporary-file prefix %q: %w", key, TempPrefix, backend.ErrInvalidKey)
+	}
+	if size < 0 {
+		return fmt.Errorf("negative size %d: %w", size, backend.ErrSizeMismatch)
+	}
+	dir := path.Dir(key)
+	f, tmp, err := d.createTemp(dir)
+	if err != nil {
+		if errors.Is(err, syscall.ENOTDIR) {
+			return &conflictError{key: key, err: err}
+		}
+		return err
+	}
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+		if err != nil {
+			// Best effort: the temp file is hidden from List anyway.
+			_ = d.root.Remove(tmp)
+		}
+	}()
+
+	n, err := io.Copy(f, io.LimitReader(ctxReader{ctx: ctx, r: r}, size+1))
+	if err != nil {
+		return fmt.Errorf("write %q: %w", key, err)
+	}
+	if n < size {
+		return fmt.Errorf("source ended after %d of %d declared bytes: %w", n, size, backend.ErrSizeMismatch)
+	}
+	if n > size {
+		return fmt.Errorf("source holds more than the %d declared bytes: %w", size, backend.ErrSizeMismatch)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %q: %w", key, err)
+	}
+	cerr := f.Close()
+	f = nil
+	if cerr != nil {
+		return fmt.Errorf("close %q: %w", key, cerr)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	if opts.IfNotExists {
+		if err := d.root.Link(tmp, native(key)); err != nil {
+			return err
+		}
+		// The object is published; a leftover temp file is only litter.
+		_ = d.root.Remove(tmp)
+	} else if err := d.root.Rename(tmp, native(key)); err != nil {
+		if fi, serr := d.root.Lstat(native(key)); serr == nil && fi.IsDir() {
+			return &conflictError{key: key, err: err}
+		}
+		return err
+	}
+	// Make the new directory entry durable. The object is already visible,
+	// so a failure here is reported but the object stays.
+	return d.syncDir(dir)
+}
+
+// createTemp creates a fresh hidden file in dir, creating dir as needed. A
+// concurrent Delete may remove a just-created empty parent, so creation is
+// retried a few times.
+func (d *Driver) createTemp(dir string) (*os.File, string, error) {
+	var lastErr error
+	for range 5 {
+		if dir != "." {
+			if err := d.root.MkdirAll(native(dir), 0o755); err != nil {
+				return nil, "", fmt.Errorf("create directory %q: %w", dir, err)
+			}
+		}
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		tmp := native(path.Join(dir, TempPrefix+hex.EncodeToString(b[:])))
+		f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			return f, tmp, nil
+		}
+		lastErr = err
+		if !errors.Is(err, iofs.ErrNotExist) && !errors.Is(err, iofs.ErrExist) {
+			break
+		}
+	}
+	return nil, "", lastErr
+}
+
+func (d *Driver) syncDir(dir string) error {
+	df, err := d.root.Open(native(dir))
+	if err != nil {
+		return fmt.Errorf("open directory %q for fsync: %w", dir, err)
+	}
+	defer df.Close()
+	if err := df.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		// EINVAL: the file system does not support fsync on directories.
+		return fmt.Errorf("fsync directory %q: %w", dir, err)
+	}
+	return nil
+}
+
+// Stat implements backend.Driver. Directories are not objects.
+func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, error) {
+	if err := ctx.Err(); err != nil {
+		return backend.Attributes{}, err
+	}
+	fi, err := d.root.Stat(native(key))
+	if err != nil {
+		return backend.Attributes{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return backend.Attributes{}, notAnObject(key)
+	}
+	return backend.Attributes{Size: fi.Size(), ModTime: fi.ModTime()}, nil
+}
+
+// List implements backend.Driver. It walks the directories below prefix
+// depth first, sorting each directory's entries by the key they lead to (a
+// directory "d" sorts as "d/"), which yields the global byte order of keys
+// while reading one directory at a time. Temporary files are skipped;
+// symbolic links to regular files inside the root are listed, other links
+// (to directories, or out of the root) are not followed.
+func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	start := ""
+	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
+		start = prefix[:i+1]
+	}
+	err := d.walk(ctx, start, prefix, fn)
+	if start != "" && (errors.Is(err, iofs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)) {
+		return nil
+	}
+	return err
+}
+
+type entry struct {
+	sortKey string // key, or key + "/" for a directory
+	name    string
+	dir     bool
+}
+
+// walk lists directory dir (a key prefix: "" or ending in "/").
+func (d *Driver) walk(ctx context.Context, dir, prefix string, fn func(backend.ObjectInfo) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	name := "."
+	if dir != "" {
+		name = native(strings.TrimSuffix(dir, "/"))
+	}
+	df, err := d.root.Open(name)
+	if err != nil {
+		return err
+	}
+	des, err := df.ReadDir(-1)
+	df.Close()
+	if err != nil {
+		return fmt.Errorf("read directory %q: %w", name, err)
+	}
+	entries := make([]entry, 0, len(des))
+	for _, de := range des {
+		n := de.Name()
+		if strings.HasPrefix(n, TempPrefix) {
+			continue
+		}
+		e := entry{name: n, dir: de.IsDir(), sortKey: dir + n}
+		if e.dir {
+			e.sortKey += "/"
+		}
+		if !strings.HasPrefix(e.sortKey, prefix) && !(e.dir && strings.HasPrefix(prefix, e.sortKey)) {
+			continue
+		}
+		entries = append(entries, e)
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].sortKey < entries[j].sortKey })
+	for _, e := range entries {
+		if e.dir {
+			if err := d.walk(ctx, e.sortKey, prefix, fn); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		key := dir + e.name
+		// Stat through the root: follows links that stay inside it and
+		// refuses the others, which are skipped.
+		fi, err := d.root.Stat(native(key))
+		if err != nil {
+			if errors.Is(err, iofs.ErrNotExist) || (errPathEscapes != nil && errors.Is(err, errPathEscapes)) || errors.Is(err, syscall.ELOOP) {
+				continue // deleted meanwhile, or a link we do not follow
+			}
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			continue
+		}
+		if err := fn(backend.ObjectInfo{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Delete implements backend.Driver. A missing key (or a directory) is not an
+// error. Parent directories left empty are removed up to the root, best
+// effort.
+func (d *Driver) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	fi, err := d.root.Lstat(native(key))
+	if err != nil {
+		if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return nil
+		}
+		return err
+	}
+	if fi.IsDir() {
+		return nil
+	}
+	if err := d.root.Remove(native(key)); err != nil {
+		if errors.Is(err, iofs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	for dir := path.Dir(key); dir != "." && dir != "/"; dir = path.Dir(dir) {
+		// Only real directories: removing a symbolic link to a directory
+		// would unlink the link itself.
+		fi, err := d.root.Lstat(native(dir))
+		if err != nil || !fi.IsDir() {
+			break
+		}
+		if d.root.Remove(native(dir)) != nil {
+			break // not empty (or anything else): stop, best effort
+		}
+	}
+	return nil
+}
+
+// Capabilities implements backend.Driver.
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{CreateIfAbsent: true}
+}
+
+// ErrorCode implements backend.Driver.
+func (d *Driver) ErrorCode(err error) backend.Code {
+	if err == nil {
+		return backend.CodeUnknown
+	}
+	var ce *conflictError
+	switch {
+	case errors.As(err, &ce):
+		return backend.CodeUnknown
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return backend.CodeCanceled
+	case errPathEscapes != nil && errors.Is(err, errPathEscapes):
+		return backend.CodePermission
+	}
+	if c := backend.CodeOf(err); c != backend.CodeUnknown {
+		return c
+	}
+	switch {
+	case errors.Is(err, iofs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return backend.CodeNotFound
+	case errors.Is(err, iofs.ErrExist):
+		return backend.CodeAlreadyExists
+	case errors.Is(err, iofs.ErrPermission):
+		return backend.CodePermission
+	case errors.Is(err, syscall.EINTR), errors.Is(err, syscall.EAGAIN):
+		return backend.CodeTransient
+	}
+	return backend.CodeUnknown
+}
+
+// Close releases the root directory handle.
+func (d *Driver) Close() error { return d.root.Close() }

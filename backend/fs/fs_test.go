@@ -1,0 +1,222 @@
+package fs_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/fs"
+)
+
+func open(t *testing.T, url string) *backend.Store {
+	t.Helper()
+	s, err := backend.Open(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func list(t *testing.T, s *backend.Store) []string {
+	t.Helper()
+	keys := []string{}
+	require.NoError(t, s.List(context.Background(), "", func(o backend.ObjectInfo) error {
+		keys = append(keys, o.Key)
+		return nil
+	}))
+	return keys
+}
+
+func TestURLsAndPlainPathsShareData(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "new", "root") // created on open
+	a := open(t, "file://"+filepath.ToSlash(dir))
+	require.NoError(t, a.PutBytes(ctx, "x/y", []byte("hello"), backend.PutOptions{}))
+
+	b := open(t, dir)
+	got, err := b.ReadAll(ctx, "x/y", 0)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(got))
+	assert.Equal(t, "file://"+filepath.ToSlash(dir), b.String())
+
+	raw, err := os.ReadFile(filepath.Join(dir, "x", "y"))
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(raw), "objects are plain files")
+
+	_, err = backend.Open(ctx, "file://otherhost/tmp/x")
+	assert.ErrorIs(t, err, backend.ErrUnsupported)
+}
+
+// setupEscape returns a store rooted in a directory holding symbolic links
+// that point out of it, and the outside directory.
+func setupEscape(t *testing.T) (*backend.Store, string) {
+	t.Helper()
+	base := t.TempDir()
+	root := filepath.Join(base, "root")
+	outside := filepath.Join(base, "outside")
+	require.NoError(t, os.MkdirAll(root, 0o755))
+	require.NoError(t, os.MkdirAll(outside, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o644))
+	require.NoError(t, os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "abslink")))
+	require.NoError(t, os.Symlink("../outside/secret", filepath.Join(root, "rellink")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(root, "dirlink")))
+	require.NoError(t, os.Symlink("../outside", filepath.Join(root, "reldirlink")))
+	return open(t, root), outside
+}
+
+func TestSymlinksOutOfRootAreRefused(t *testing.T) {
+	ctx := context.Background()
+	s, outside := setupEscape(t)
+	refused := func(t *testing.T, err error) {
+		t.Helper()
+		require.Error(t, err)
+		assert.ErrorIs(t, err, backend.ErrPermission)
+		assert.NotErrorIs(t, err, backend.ErrNotFound)
+	}
+	for _, key := range []string{"abslink", "rellink", "dirlink/secret", "reldirlink/secret"} {
+		t.Run(key, func(t *testing.T) {
+			_, err := s.Stat(ctx, key)
+			refused(t, err)
+			_, err = s.NewRangeReader(ctx, key, 0, -1)
+			refused(t, err)
+			_, err = s.ReadAll(ctx, key, 0)
+			refused(t, err)
+		})
+	}
+	for _, key := range []string{"dirlink/new", "reldirlink/new", "dirlink/secret", "dirlink/sub/new"} {
+		err := s.PutBytes(ctx, key, []byte("pwned"), backend.PutOptions{})
+		refused(t, err)
+		err = s.PutBytes(ctx, key, []byte("pwned"), backend.PutOptions{IfNotExists: true})
+		refused(t, err)
+		err = s.Delete(ctx, key)
+		refused(t, err)
+	}
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "nothing was written outside the root")
+	raw, err := os.ReadFile(filepath.Join(outside, "secret"))
+	require.NoError(t, err)
+	assert.Equal(t, "secret", string(raw))
+
+	assert.Empty(t, list(t, s), "listing does not follow links out of the root")
+	err = s.List(ctx, "dirlink/", func(o backend.ObjectInfo) error {
+		t.Errorf("listed %q through a link out of the root", o.Key)
+		return nil
+	})
+	refused(t, err)
+
+	// Deleting a link removes the link, never its target.
+	require.NoError(t, s.Delete(ctx, "abslink"))
+	_, err = os.Stat(filepath.Join(outside, "secret"))
+	require.NoError(t, err)
+	// Overwriting a link replaces the link inside the root.
+	require.NoError(t, s.PutBytes(ctx, "rellink", []byte("mine"), backend.PutOptions{}))
+	raw, err = os.ReadFile(filepath.Join(outside, "secret"))
+	require.NoError(t, err)
+	assert.Equal(t, "secret", string(raw))
+}
+
+func TestSymlinksInsideRootWork(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s := open(t, root)
+	require.NoError(t, s.PutBytes(ctx, "real/obj", []byte("data"), backend.PutOptions{}))
+	require.NoError(t, os.Symlink("real/obj", filepath.Join(root, "alias")))
+	got, err := s.ReadAll(ctx, "alias", 0)
+	require.NoError(t, err)
+	assert.Equal(t, "data", string(got))
+	assert.Equal(t, []string{"alias", "real/obj"}, list(t, s))
+}
+
+func TestTempFilesAreHidden(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s := open(t, root)
+	require.NoError(t, s.PutBytes(ctx, "d/obj", []byte("x"), backend.PutOptions{}))
+	// Litter from a crashed writer.
+	require.NoError(t, os.WriteFile(filepath.Join(root, fs.TempPrefix+"crash"), []byte("junk"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "d", fs.TempPrefix+"crash"), []byte("junk"), 0o644))
+	assert.Equal(t, []string{"d/obj"}, list(t, s))
+
+	err := s.PutBytes(ctx, "d/"+fs.TempPrefix+"mine", []byte("x"), backend.PutOptions{})
+	assert.ErrorIs(t, err, backend.ErrInvalidKey)
+}
+
+func TestFailedPutLeavesNoTempFile(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s := open(t, root)
+	err := s.Put(ctx, "d/obj", 10, strings.NewReader("short"), backend.PutOptions{})
+	require.ErrorIs(t, err, backend.ErrSizeMismatch)
+	require.NoError(t, s.PutBytes(ctx, "d/once", []byte("x"), backend.PutOptions{IfNotExists: true}))
+	err = s.PutBytes(ctx, "d/once", []byte("y"), backend.PutOptions{IfNotExists: true})
+	require.ErrorIs(t, err, backend.ErrAlreadyExists)
+
+	entries, err := os.ReadDir(filepath.Join(root, "d"))
+	require.NoError(t, err)
+	names := []string{}
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.Equal(t, []string{"once"}, names)
+}
+
+func TestDeleteRemovesEmptyParents(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	s := open(t, root)
+	require.NoError(t, s.PutBytes(ctx, "a/b/c/d", []byte("1"), backend.PutOptions{}))
+	require.NoError(t, s.PutBytes(ctx, "a/keep", []byte("2"), backend.PutOptions{}))
+	require.NoError(t, s.Delete(ctx, "a/b/c/d"))
+	_, err := os.Stat(filepath.Join(root, "a", "b"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "empty parents are removed")
+	_, err = os.Stat(filepath.Join(root, "a", "keep"))
+	assert.NoError(t, err)
+
+	require.NoError(t, s.Delete(ctx, "a/keep"))
+	entries, err := os.ReadDir(root)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+	_, err = os.Stat(root)
+	assert.NoError(t, err, "the root itself stays")
+
+	// A directory is not an object: deleting its name removes nothing.
+	require.NoError(t, s.PutBytes(ctx, "x/y", []byte("1"), backend.PutOptions{}))
+	require.NoError(t, s.Delete(ctx, "x"))
+	assert.Equal(t, []string{"x/y"}, list(t, s))
+}
+
+func TestFileDirectoryConflict(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, t.TempDir())
+	require.NoError(t, s.PutBytes(ctx, "a", []byte("file"), backend.PutOptions{}))
+	err := s.PutBytes(ctx, "a/b", []byte("x"), backend.PutOptions{})
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, backend.ErrNotFound)
+	_, err = s.Stat(ctx, "a/b")
+	assert.ErrorIs(t, err, backend.ErrNotFound)
+
+	require.NoError(t, s.PutBytes(ctx, "d/e", []byte("x"), backend.PutOptions{}))
+	err = s.PutBytes(ctx, "d", []byte("x"), backend.PutOptions{})
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, backend.ErrNotFound)
+	assert.Equal(t, []string{"a", "d/e"}, list(t, s))
+}
+
+func TestErrorCode(t *testing.T) {
+	d, err := fs.New(t.TempDir())
+	require.NoError(t, err)
+	defer d.Close()
+	ctx := context.Background()
+	_, err = d.Stat(ctx, "missing")
+	assert.Equal(t, backend.CodeNotFound, d.ErrorCode(err))
+	assert.Equal(t, backend.CodeCanceled, d.ErrorCode(context.Canceled))
+	assert.Equal(t, backend.CodePermission, d.ErrorCode(os.ErrPermission))
+	assert.Equal(t, backend.CodeAlreadyExists, d.ErrorCode(os.ErrExist))
+	assert.Equal(t, backend.CodeUnknown, d.ErrorCode(os.ErrClosed))
+}

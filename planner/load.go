@@ -1,0 +1,268 @@
+package planner
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// DefaultMaxReadBytes is the coalesced read cap when LoadOptions.MaxReadBytes
+// is 0.
+const DefaultMaxReadBytes = 64 << 20
+
+// chunkIndex finds a tensor's chunks that intersect a box: non-empty chunks
+// sorted by their start on the dimension with the most distinct starts.
+type chunkIndex struct {
+	dim    int // -1 for 0-dim tensors
+	order  []int32
+	starts []int64
+	maxLen int64
+}
+
+func newChunkIndex(t *metadata.TensorEntry) *chunkIndex {
+	D := len(t.Shape)
+	live := make([]int32, 0, len(t.Chunks))
+	for j := range t.Chunks {
+		if len(t.Chunks[j].Sizes) == D && statedict.NumElements(t.Chunks[j].Sizes) > 0 {
+			live = append(live, int32(j))
+		}
+	}
+	ix := &chunkIndex{dim: -1, order: live}
+	if D == 0 || len(live) == 0 {
+		return ix
+	}
+	ix.dim, _ = bestDims(distinctStarts(t.Chunks, live, D))
+	d := ix.dim
+	slices.SortFunc(ix.order, func(a, b int32) int {
+		if c := cmp.Compare(t.Chunks[a].Offsets[d], t.Chunks[b].Offsets[d]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	ix.starts = make([]int64, len(ix.order))
+	for i, j := range ix.order {
+		ix.starts[i] = t.Chunks[j].Offsets[d]
+		ix.maxLen = max(ix.maxLen, t.Chunks[j].Sizes[d])
+	}
+	return ix
+}
+
+// visit calls fn for each chunk intersecting the box, with the
+// intersection in global coordinates in lo and n (scratch space of at least
+// len(offs) elements, reused between calls).
+func (ix *chunkIndex) visit(t *metadata.TensorEntry, offs, sizes, lo, n []int64, fn func(chunk int32)) {
+	if ix.dim < 0 {
+		for _, j := range ix.order {
+			fn(j)
+		}
+		return
+	}
+	d, D := ix.dim, len(offs)
+	from, to := offs[d]-ix.maxLen, offs[d]+sizes[d]
+	i := sort.Search(len(ix.starts), func(i int) bool { return ix.starts[i] > from })
+next:
+	for ; i < len(ix.starts) && ix.starts[i] < to; i++ {
+		c := &t.Chunks[ix.order[i]]
+		for k := range D {
+			a := max(c.Offsets[k], offs[k])
+			b := min(c.Offsets[k]+c.Sizes[k], offs[k]+sizes[k])
+			if a >= b {
+				continue next
+			}
+			lo[k], n[k] = a, b-a
+		}
+		fn(ix.order[i])
+	}
+}
+
+// needed is one saved chunk (or bytes entry) some request needs.
+type needed struct {
+	read   ChunkRead
+	object string
+	offset int64
+}
+
+// PlanLoad plans the reads that fill reqs from the checkpoint md.
+//
+// Each tensor request is intersected with the saved chunks of its key
+// (per-dimension interval intersection over a per-key index, so large
+// row- or column-sharded tensors are not scanned per request); each
+// intersection becomes a Copy on that chunk's ChunkRead. A saved chunk
+// appears in one ChunkRead however many requests need it. A bytes request
+// maps to its bytes entry (Chunk -1, a Copy with empty geometry).
+//
+// Needed chunks are grouped by object, sorted by offset and coalesced into
+// ReadOps: the next chunk joins the current op when the hole before it is
+// at most MaxGapBytes and the op stays within MaxReadBytes (a single larger
+// chunk is an op of its own). Ops are sorted by object, then offset.
+//
+// Errors name the key: ErrKeyNotFound for a key md lacks; ErrMismatch for a
+// kind or dtype mismatch or a box outside the saved shape; ErrInvalidPlan
+// for a malformed request. Coverage is not checked here (see CheckCoverage).
+func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*LoadPlan, error) {
+	if md == nil {
+		return nil, fmt.Errorf("%w: nil metadata", ErrInvalidPlan)
+	}
+	maxRead := opts.MaxReadBytes
+	if maxRead <= 0 {
+		maxRead = DefaultMaxReadBytes
+	}
+	if opts.MaxGapBytes < 0 {
+		return nil, fmt.Errorf("%w: MaxGapBytes %d is negative", ErrInvalidPlan, opts.MaxGapBytes)
+	}
+	plan := &LoadPlan{}
+	type entryState struct {
+		ix  *chunkIndex
+		pos []int32 // chunk -> index in need, -1 if not needed yet
+	}
+	tensors := make(map[int]*entryState)
+	bytesPos := make(map[int]int)
+	var need []needed
+	var geom slab[int64]
+	var copies slab[Copy]
+	add := func(pos *int32, key, object string, entry, chunk int, offset, length int64) *ChunkRead {
+		if *pos < 0 {
+			*pos = int32(len(need))
+			need = append(need, needed{read: ChunkRead{Key: key, Entry: entry, Chunk: chunk, Length: length, Copies: copies.take(1)[:0]}, object: object, offset: offset})
+		}
+		return &need[*pos].read
+	}
+	var scratch []int64
+	for ri := range reqs {
+		r := &reqs[ri]
+		ti := sort.Search(len(md.Tensors), func(i int) bool { return md.Tensors[i].Key >= r.Key })
+		bi := sort.Search(len(md.Bytes), func(i int) bool { return md.Bytes[i].Key >= r.Key })
+		var te *metadata.TensorEntry
+		var be *metadata.BytesEntry
+		if ti < len(md.Tensors) && md.Tensors[ti].Key == r.Key {
+			te = &md.Tensors[ti]
+		}
+		if bi < len(md.Bytes) && md.Bytes[bi].Key == r.Key {
+			be = &md.Bytes[bi]
+		}
+		switch r.Kind {
+		case BytesItem:
+			if be == nil {
+				if te != nil {
+					return nil, fmt.Errorf("%w: key %q: requested as bytes, checkpoint holds a %s tensor %v", ErrMismatch, r.Key, te.DType, te.Shape)
+				}
+				return nil, fmt.Errorf("%w: bytes %q", ErrKeyNotFound, r.Key)
+			}
+			p, ok := bytesPos[bi]
+			pos := int32(p)
+			if !ok {
+				pos = -1
+			}
+			cr := add(&pos, be.Key, be.Object, bi, -1, be.Offset, be.Length)
+			bytesPos[bi] = int(pos)
+			cr.Copies = append(cr.Copies, Copy{Request: ri})
+			plan.BytesNeeded += be.Length
+		case TensorItem:
+			if te == nil {
+				if be != nil {
+					return nil, fmt.Errorf("%w: key %q: requested as a %s tensor, checkpoint holds bytes", ErrMismatch, r.Key, r.DType)
+				}
+				return nil, fmt.Errorf("%w: tensor %q", ErrKeyNotFound, r.Key)
+			}
+			if err := checkRequest(r, te); err != nil {
+				return nil, err
+			}
+			plan.BytesNeeded += statedict.NumElements(r.Sizes) * metadata.ElementSize(te.DType)
+			if statedict.NumElements(r.Sizes) == 0 {
+				continue
+			}
+			st := tensors[ti]
+			if st == nil {
+				st = &entryState{ix: newChunkIndex(te), pos: make([]int32, len(te.Chunks))}
+				for j := range st.pos {
+					st.pos[j] = -1
+				}
+				tensors[ti] = st
+			}
+			D := len(te.Shape)
+			if cap(scratch) < 2*D {
+				scratch = make([]int64, 2*D)
+			}
+			lo, n := scratch[:D], scratch[D:2*D]
+			st.ix.visit(te, r.Offsets, r.Sizes, lo, n, func(j int32) {
+				c := &te.Chunks[j]
+				cr := add(&st.pos[j], te.Key, c.Object, ti, int(j), c.Offset, c.Length)
+				cr.Copies = append(cr.Copies, Copy{Request: ri, Offsets: geom.clone(lo), Sizes: geom.clone(n)})
+			})
+		default:
+			return nil, fmt.Errorf("%w: request %d for %q has unknown kind %d", ErrInvalidPlan, ri, r.Key, r.Kind)
+		}
+	}
+
+	// Sort by object name through integer ids (names compared once per
+	// distinct object, not per comparison).
+	objID := make(map[string]int32)
+	var names []string
+	for i := range need {
+		if _, ok := objID[need[i].object]; !ok {
+			objID[need[i].object] = 0
+			names = append(names, need[i].object)
+		}
+	}
+	slices.Sort(names)
+	for i, nm := range names {
+		objID[nm] = int32(i)
+	}
+	type sortKey struct {
+		obj    int32
+		idx    int32
+		offset int64
+	}
+	order := make([]sortKey, len(need))
+	for i := range need {
+		order[i] = sortKey{obj: objID[need[i].object], idx: int32(i), offset: need[i].offset}
+	}
+	slices.SortFunc(order, func(a, b sortKey) int {
+		if c := cmp.Compare(a.obj, b.obj); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.offset, b.offset); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.idx, b.idx)
+	})
+	var cur *ReadOp
+	for _, k := range order {
+		n := &need[k.idx]
+		end := n.offset + n.read.Length
+		if cur != nil && cur.Object == n.object && n.offset-(cur.Offset+cur.Length) <= opts.MaxGapBytes &&
+			max(end, cur.Offset+cur.Length)-cur.Offset <= maxRead {
+			cur.Length = max(end, cur.Offset+cur.Length) - cur.Offset
+		} else {
+			plan.Ops = append(plan.Ops, ReadOp{Object: n.object, Offset: n.offset, Length: n.read.Length})
+			cur = &plan.Ops[len(plan.Ops)-1]
+		}
+		n.read.Start = n.offset - cur.Offset
+		cur.Chunks = append(cur.Chunks, n.read)
+	}
+	for _, op := range plan.Ops {
+		plan.BytesRead += op.Length
+	}
+	return plan, nil
+}
+
+// checkRequest checks a tensor request against the saved entry.
+func checkRequest(r *ReadRequest, te *metadata.TensorEntry) error {
+	if r.DType != te.DType {
+		return fmt.Errorf("%w: tensor %q: requested dtype %s, checkpoint has %s", ErrMismatch, r.Key, r.DType, te.DType)
+	}
+	D := len(te.Shape)
+	if len(r.Offsets) != D || len(r.Sizes) != D {
+		return fmt.Errorf("%w: tensor %q: requested box offsets %v sizes %v does not match the checkpoint's shape %v", ErrMismatch, r.Key, r.Offsets, r.Sizes, te.Shape)
+	}
+	for d := range D {
+		if o, s := r.Offsets[d], r.Sizes[d]; o < 0 || s < 0 || o > te.Shape[d]-s {
+			return fmt.Errorf("%w: tensor %q: requested box offsets %v sizes %v is outside the checkpoint's shape %v", ErrMismatch, r.Key, r.Offsets, r.Sizes, te.Shape)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,371 @@
+package planner
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// DefaultObjectName names a rank's n-th data object:
+// "rank-RRRRR-NNN.data".
+func DefaultObjectName(rank, n int) string { return fmt.Sprintf("rank-%05d-%03d.data", rank, n) }
+
+// itemRef locates a SaveItem: plans[plan].Items[item].
+type itemRef struct{ plan, item int32 }
+
+// keyGroup is every item offered under one key.
+type keyGroup struct {
+	key   string
+	first itemRef // the first offer, the reference for agreement checks
+	refs  []itemRef
+}
+
+// unit is one distinct thing to write: a tensor chunk or a bytes value,
+// with the ranks that offer it (refs, sorted by rank) and the chosen writer.
+type unit struct {
+	entry, chunk int32 // chunk -1 for bytes
+	length       int64
+	refs         []itemRef
+	writer       itemRef
+}
+
+// PlanSave merges the ranks' local plans into the global plan.
+//
+//   - Items offered under the same key with the same box by several ranks
+//     (and bytes items under the same key) are replicated and written once.
+//     Units offered by a single rank are assigned first; replicated ones
+//     follow, largest first (ties by key, then box), each to the offering
+//     rank with the fewest bytes assigned so far (ties: lowest rank).
+//   - Every rank offering a key must agree on kind, dtype and global shape
+//     (bytes: on length); otherwise ErrMismatch names the key and both ranks.
+//   - Tensor chunks must be in bounds and tile the global shape exactly
+//     (CheckCoverage); chunks with zero elements are dropped. A 0-dim
+//     tensor has one element.
+//   - Each rank packs its units back to back, ordered by key then chunk
+//     offsets, into objects named by opts.ObjectName (DefaultObjectName),
+//     starting a new object when MaxObjectBytes would be exceeded. Ranks
+//     that write nothing get no object.
+//
+// The returned metadata has entries and objects sorted, CRC32C fields zero,
+// and Training.Optimizer metadata.OptimizerNone; WriteItem.Entry/Chunk
+// index its final slices. WriteItems share the caller's slices.
+// Cost: O(n log n) in the number of items.
+func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
+	name := opts.ObjectName
+	if name == nil {
+		name = DefaultObjectName
+	}
+	if opts.MaxObjectBytes < 0 {
+		return nil, fmt.Errorf("%w: MaxObjectBytes %d is negative", ErrInvalidPlan, opts.MaxObjectBytes)
+	}
+	seenRank := make(map[int]int, len(plans))
+	total := 0
+	for i, p := range plans {
+		if p.Rank < 0 {
+			return nil, fmt.Errorf("%w: plan %d has negative rank %d", ErrInvalidPlan, i, p.Rank)
+		}
+		if j, dup := seenRank[p.Rank]; dup {
+			return nil, fmt.Errorf("%w: plans %d and %d both claim rank %d", ErrInvalidPlan, j, i, p.Rank)
+		}
+		seenRank[p.Rank] = i
+		total += len(p.Items)
+	}
+	item := func(r itemRef) *SaveItem { return &plans[r.plan].Items[r.item] }
+	rank := func(r itemRef) int { return plans[r.plan].Rank }
+
+	// Validate items and group them by key.
+	groupOf := make(map[string]int32, total/max(1, len(plans)))
+	var groups []keyGroup
+	gids := make([]int32, 0, total)
+	counts := []int32(nil)
+	for pi := range plans {
+		for ii := range plans[pi].Items {
+			r := itemRef{int32(pi), int32(ii)}
+			it := item(r)
+			if err := checkItem(it, rank(r)); err != nil {
+				return nil, err
+			}
+			g, ok := groupOf[it.Key]
+			if !ok {
+				g = int32(len(groups))
+				groupOf[it.Key] = g
+				groups = append(groups, keyGroup{key: it.Key, first: r})
+				counts = append(counts, 0)
+			} else if err := agree(item(groups[g].first), rank(groups[g].first), it, rank(r)); err != nil {
+				return nil, err
+			}
+			gids = append(gids, g)
+			counts[g]++
+		}
+	}
+	// Counting sort of the refs by group: one backing array.
+	flat := make([]itemRef, total)
+	next := make([]int32, len(groups))
+	var off int32
+	for g := range groups {
+		next[g] = off
+		groups[g].refs = flat[off : off+counts[g] : off+counts[g]]
+		off += counts[g]
+	}
+	k := 0
+	for pi := range plans {
+		for ii := range plans[pi].Items {
+			g := gids[k]
+			flat[next[g]] = itemRef{int32(pi), int32(ii)}
+			next[g]++
+			k++
+		}
+	}
+	var tensorGroups, bytesGroups []int32
+	for g := range groups {
+		if item(groups[g].first).Kind == TensorItem {
+			tensorGroups = append(tensorGroups, int32(g))
+		} else {
+			bytesGroups = append(bytesGroups, int32(g))
+		}
+	}
+	byKey := func(a, b int32) int { return strings.Compare(groups[a].key, groups[b].key) }
+	slices.SortFunc(tensorGroups, byKey)
+	slices.SortFunc(bytesGroups, byKey)
+
+	md := &metadata.Checkpoint{
+		Format:    metadata.FormatName,
+		Version:   metadata.VersionString(),
+		WorldSize: len(plans),
+		Tensors:   make([]metadata.TensorEntry, len(tensorGroups)),
+		Bytes:     make([]metadata.BytesEntry, len(bytesGroups)),
+		Training:  metadata.TrainingState{Optimizer: metadata.OptimizerNone},
+	}
+	units := make([]unit, 0, total)
+	// Shared backing arrays for all metadata geometry and chunks.
+	var geom slab[int64]
+	var chunkSlab slab[metadata.Chunk]
+	sameGeom := func(a, b itemRef) bool {
+		return slices.Equal(item(a).Offsets, item(b).Offsets) && slices.Equal(item(a).Sizes, item(b).Sizes)
+	}
+	geomCmp := func(a, b itemRef) int {
+		x, y := item(a), item(b)
+		if c := slices.Compare(x.Offsets, y.Offsets); c != 0 {
+			return c
+		}
+		if c := slices.Compare(x.Sizes, y.Sizes); c != 0 {
+			return c
+		}
+		return cmp.Compare(rank(a), rank(b))
+	}
+	for e, g := range tensorGroups {
+		grp := &groups[g]
+		first := item(grp.first)
+		te := &md.Tensors[e]
+		te.Key, te.DType, te.Shape = grp.key, first.DType, geom.clone(first.GlobalShape)
+		refs := slices.DeleteFunc(grp.refs, func(r itemRef) bool {
+			return statedict.NumElements(item(r).Sizes) == 0
+		})
+		slices.SortFunc(refs, geomCmp)
+		distinct := 0
+		for i := range refs {
+			if i == 0 || !sameGeom(refs[i-1], refs[i]) {
+				distinct++
+			}
+		}
+		te.Chunks = chunkSlab.take(distinct)[:0]
+		for i := 0; i < len(refs); {
+			j := i + 1
+			for j < len(refs) && sameGeom(refs[i], refs[j]) {
+				if rank(refs[j]) == rank(refs[j-1]) {
+					return nil, fmt.Errorf("%w: rank %d offers tensor %q chunk offsets %v sizes %v twice", ErrInvalidPlan, rank(refs[j]), grp.key, item(refs[j]).Offsets, item(refs[j]).Sizes)
+				}
+				j++
+			}
+			it := item(refs[i])
+			te.Chunks = append(te.Chunks, metadata.Chunk{Offsets: geom.clone(it.Offsets), Sizes: geom.clone(it.Sizes), Length: it.Length})
+			units = append(units, unit{entry: int32(e), chunk: int32(len(te.Chunks) - 1), length: it.Length, refs: refs[i:j]})
+			i = j
+		}
+		if err := CheckCoverage(te); err != nil {
+			return nil, err
+		}
+	}
+	nTensorUnits := len(units)
+	for e, g := range bytesGroups {
+		grp := &groups[g]
+		slices.SortFunc(grp.refs, func(a, b itemRef) int { return cmp.Compare(rank(a), rank(b)) })
+		for i := 1; i < len(grp.refs); i++ {
+			if rank(grp.refs[i]) == rank(grp.refs[i-1]) {
+				return nil, fmt.Errorf("%w: rank %d offers bytes %q twice", ErrInvalidPlan, rank(grp.refs[i]), grp.key)
+			}
+		}
+		md.Bytes[e] = metadata.BytesEntry{Key: grp.key, Length: item(grp.first).Length}
+		units = append(units, unit{entry: int32(e), chunk: -1, length: item(grp.first).Length, refs: grp.refs})
+	}
+
+	// Balance writers by bytes.
+	load := make([]int64, len(plans))
+	var replicated []int32
+	for u := range units {
+		if len(units[u].refs) == 1 {
+			units[u].writer = units[u].refs[0]
+			load[units[u].writer.plan] += units[u].length
+		} else {
+			replicated = append(replicated, int32(u))
+		}
+	}
+	unitKey := func(u *unit) string {
+		if u.chunk < 0 {
+			return md.Bytes[u.entry].Key
+		}
+		return md.Tensors[u.entry].Key
+	}
+	slices.SortFunc(replicated, func(a, b int32) int {
+		ua, ub := &units[a], &units[b]
+		if c := cmp.Compare(ub.length, ua.length); c != 0 {
+			return c
+		}
+		if c := strings.Compare(unitKey(ua), unitKey(ub)); c != 0 {
+			return c
+		}
+		return cmp.Compare(ua.chunk, ub.chunk)
+	})
+	for _, u := range replicated {
+		best := units[u].refs[0]
+		for _, r := range units[u].refs[1:] {
+			if load[r.plan] < load[best.plan] {
+				best = r
+			}
+		}
+		units[u].writer = best
+		load[best.plan] += units[u].length
+	}
+
+	// Walk units in global key order (tensors and bytes merged by key),
+	// appending each to its writer's list.
+	perPlan := make([][]int32, len(plans))
+	ti, bi := 0, nTensorUnits
+	for ti < nTensorUnits || bi < len(units) {
+		var u int
+		if bi >= len(units) || (ti < nTensorUnits && md.Tensors[units[ti].entry].Key < md.Bytes[units[bi].entry].Key) {
+			u, ti = ti, ti+1
+		} else {
+			u, bi = bi, bi+1
+		}
+		w := units[u].writer.plan
+		perPlan[w] = append(perPlan[w], int32(u))
+	}
+
+	// Pack each rank's units into objects.
+	var writes []RankWrites
+	objSeen := make(map[string]int)
+	for pi, us := range perPlan {
+		if len(us) == 0 {
+			continue
+		}
+		items := make([]WriteItem, len(us))
+		r := plans[pi].Rank
+		n, start := 0, 0
+		cur := RankWrites{Rank: r, Object: name(r, 0)}
+		flush := func(end int) error {
+			if other, dup := objSeen[cur.Object]; dup {
+				return fmt.Errorf("%w: object name %q used by ranks %d and %d", ErrInvalidPlan, cur.Object, other, r)
+			}
+			objSeen[cur.Object] = r
+			cur.Items = items[start:end:end]
+			writes = append(writes, cur)
+			return nil
+		}
+		for i, u := range us {
+			un := &units[u]
+			if opts.MaxObjectBytes > 0 && i > start && cur.Size+un.length > opts.MaxObjectBytes {
+				if err := flush(i); err != nil {
+					return nil, err
+				}
+				n++
+				start = i
+				cur = RankWrites{Rank: r, Object: name(r, n)}
+			}
+			items[i] = WriteItem{SaveItem: *item(un.writer), LocalIndex: int(un.writer.item),
+				Object: cur.Object, Offset: cur.Size, Entry: int(un.entry), Chunk: int(un.chunk)}
+			if un.chunk < 0 {
+				b := &md.Bytes[un.entry]
+				b.Object, b.Offset = cur.Object, cur.Size
+			} else {
+				c := &md.Tensors[un.entry].Chunks[un.chunk]
+				c.Object, c.Offset = cur.Object, cur.Size
+			}
+			cur.Size += un.length
+		}
+		if err := flush(len(us)); err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(writes, func(a, b RankWrites) int { return strings.Compare(a.Object, b.Object) })
+	md.Objects = make([]metadata.ObjectEntry, len(writes))
+	for i, w := range writes {
+		md.Objects[i] = metadata.ObjectEntry{Key: w.Object, Size: w.Size}
+	}
+	return &GlobalPlan{Writes: writes, Metadata: md}, nil
+}
+
+// checkItem validates one item on its own.
+func checkItem(it *SaveItem, rank int) error {
+	if it.Key == "" {
+		return fmt.Errorf("%w: rank %d offers an item with an empty key", ErrInvalidPlan, rank)
+	}
+	switch it.Kind {
+	case BytesItem:
+		if it.Length < 0 {
+			return fmt.Errorf("%w: rank %d bytes %q has negative length %d", ErrInvalidPlan, rank, it.Key, it.Length)
+		}
+		return nil
+	case TensorItem:
+	default:
+		return fmt.Errorf("%w: rank %d item %q has unknown kind %d", ErrInvalidPlan, rank, it.Key, it.Kind)
+	}
+	es := metadata.ElementSize(it.DType)
+	if es == 0 {
+		return fmt.Errorf("%w: rank %d tensor %q has unknown dtype %q", ErrInvalidPlan, rank, it.Key, it.DType)
+	}
+	D := len(it.GlobalShape)
+	if len(it.Offsets) != D || len(it.Sizes) != D {
+		return fmt.Errorf("%w: rank %d tensor %q: offsets %v and sizes %v do not match global shape %v", ErrInvalidPlan, rank, it.Key, it.Offsets, it.Sizes, it.GlobalShape)
+	}
+	if statedict.NumElements(it.GlobalShape) < 0 {
+		return fmt.Errorf("%w: rank %d tensor %q: invalid global shape %v", ErrInvalidPlan, rank, it.Key, it.GlobalShape)
+	}
+	for d := range D {
+		if o, s := it.Offsets[d], it.Sizes[d]; o < 0 || s < 0 || o > it.GlobalShape[d]-s {
+			return &CoverageError{Key: it.Key, Shape: slices.Clone(it.GlobalShape), Kind: CoverageOutOfBounds,
+				Offsets: slices.Clone(it.Offsets), Sizes: slices.Clone(it.Sizes),
+				Detail: fmt.Sprintf("rank %d's chunk exceeds dimension %d", rank, d)}
+		}
+	}
+	if want := statedict.NumElements(it.Sizes) * es; it.Length != want {
+		return fmt.Errorf("%w: rank %d tensor %q chunk sizes %v of %s: length %d, want %d", ErrInvalidPlan, rank, it.Key, it.Sizes, it.DType, it.Length, want)
+	}
+	return nil
+}
+
+// agree checks that two offers of one key agree on kind, dtype and global
+// shape (bytes: length).
+func agree(a *SaveItem, ra int, b *SaveItem, rb int) error {
+	kind := func(k ItemKind) string {
+		if k == TensorItem {
+			return "a tensor"
+		}
+		return "bytes"
+	}
+	switch {
+	case a.Kind != b.Kind:
+		return fmt.Errorf("%w: key %q: rank %d offers %s, rank %d offers %s", ErrMismatch, a.Key, ra, kind(a.Kind), rb, kind(b.Kind))
+	case a.Kind == BytesItem && a.Length != b.Length:
+		return fmt.Errorf("%w: bytes %q: rank %d offers %d bytes, rank %d offers %d", ErrMismatch, a.Key, ra, a.Length, rb, b.Length)
+	case a.Kind == TensorItem && a.DType != b.DType:
+		return fmt.Errorf("%w: tensor %q: rank %d offers dtype %s, rank %d offers %s", ErrMismatch, a.Key, ra, a.DType, rb, b.DType)
+	case a.Kind == TensorItem && !slices.Equal(a.GlobalShape, b.GlobalShape):
+		return fmt.Errorf("%w: tensor %q: rank %d offers global shape %v, rank %d offers %v", ErrMismatch, a.Key, ra, a.GlobalShape, rb, b.GlobalShape)
+	}
+	return nil
+}
