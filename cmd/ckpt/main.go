@@ -7,7 +7,9 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"io"
 	"fmt"
 	"os"
 
@@ -28,15 +30,23 @@ func (e *exitError) Unwrap() error { return e.err }
 func bad(err error) error { return &exitError{code: 1, err: err} }
 
 func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the ckpt command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd()
-	err := root.Execute()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
 	if err == nil {
-		return
+		return 0
 	}
-	fmt.Fprintln(os.Stderr, "ckpt:", err)
+	fmt.Fprintln(stderr, "ckpt:", err)
 	var ee *exitError
 	if errors.As(err, &ee) {
-		os.Exit(ee.code)
+		return ee.code
 	}
-	os.Exit(2)
+	return 2
 }

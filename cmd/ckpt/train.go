@@ -94,6 +94,13 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 		switch {
 		case errors.Is(err, catalog.ErrNoCheckpoint):
+			for _, s := range skipped {
+				if s.Entry.Committed {
+					// Committed checkpoints exist but none is valid: starting
+					// over would silently throw the run away.
+					return bad(fmt.Errorf("resume: every committed checkpoint under %s failed verification (newest: %s: %s); fix or remove them, or train without --resume", run, s.Entry.URL, s.Reason))
+				}
+			}
 			logf("no committed checkpoint under %s; starting from step 0", run)
 		case err != nil:
 			return err

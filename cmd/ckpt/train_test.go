@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// ckpt runs the command line in-process and returns exit code and output.
+func ckpt(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func trainJSON(t *testing.T, args ...string) trainResult {
+	t.Helper()
+	code, out, errs := ckpt(t, append([]string{"train", "--json", "--seed", "7"}, args...)...)
+	require.Equal(t, 0, code, "train %v failed: %s", args, errs)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var res trainResult
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "last line must be one JSON object: %q", out)
+	return res
+}
+
+func TestTrainResumeIsBitIdentical(t *testing.T) {
+	dir := t.TempDir()
+	straight := trainJSON(t, "--url", filepath.Join(dir, "straight"), "--steps", "12", "--save-every", "3")
+	require.Equal(t, int64(12), straight.Step)
+	require.Nil(t, straight.ResumedFrom)
+	require.Len(t, straight.WeightsSHA256, 64)
+
+	// 6 steps, then resume to 12: the step-6 checkpoint lacks the unrouted
+	// expert's optimizer state, which the resume prunes and reports.
+	split := filepath.Join(dir, "split")
+	trainJSON(t, "--url", split, "--steps", "6", "--save-every", "3")
+	resumed := trainJSON(t, "--url", split, "--steps", "12", "--save-every", "3", "--resume")
+	require.NotNil(t, resumed.ResumedFrom)
+	require.Equal(t, int64(6), *resumed.ResumedFrom)
+	require.Equal(t, 6, resumed.PrunedOptimizerKeys, "expert 1 weight+bias x 3 slots are lazily absent at step 6")
+	require.Equal(t, straight.WeightsSHA256, resumed.WeightsSHA256)
+	require.Equal(t, straight.LR, resumed.LR)
+
+	// Saved with 4 ranks, resumed with 2.
+	resh := filepath.Join(dir, "reshard")
+	trainJSON(t, "--url", resh, "--steps", "6", "--save-every", "3", "--ranks", "4")
+	r2 := trainJSON(t, "--url", resh, "--steps", "12", "--save-every", "3", "--ranks", "2", "--resume")
+	require.Equal(t, straight.WeightsSHA256, r2.WeightsSHA256)
+
+	// Step 3 and 6 checkpoints verify although they lack expert 1's state.
+	for _, step := range []string{"step-00000003", "step-00000006"} {
+		code, out, _ := ckpt(t, "verify", filepath.Join(split, step))
+		require.Equal(t, 0, code, out)
+		require.Contains(t, out, "lazy-optimizer-state")
+	}
+}
+
+func TestTrainWithoutOptimizerKeepsSchedule(t *testing.T) {
+	dir := t.TempDir()
+	straight := trainJSON(t, "--url", filepath.Join(dir, "a"), "--steps", "12", "--save-every", "3")
+	run := filepath.Join(dir, "b")
+	trainJSON(t, "--url", run, "--steps", "6", "--save-every", "3", "--no-save-optim")
+	res := trainJSON(t, "--url", run, "--steps", "12", "--save-every", "3", "--resume")
+	require.Equal(t, int64(6), *res.ResumedFrom, "iteration restored")
+	require.Equal(t, straight.LR, res.LR, "LR schedule restored, not restarted")
+	require.False(t, res.OptimizerLoaded)
+	require.NotEqual(t, straight.WeightsSHA256, res.WeightsSHA256, "optimizer restarted fresh, so weights differ")
+
+	// --no-load-optim is the mirror on load.
+	run2 := filepath.Join(dir, "c")
+	trainJSON(t, "--url", run2, "--steps", "6", "--save-every", "3")
+	res2 := trainJSON(t, "--url", run2, "--steps", "12", "--save-every", "3", "--resume", "--no-load-optim")
+	require.Equal(t, int64(6), *res2.ResumedFrom)
+	require.Equal(t, straight.LR, res2.LR)
+	require.False(t, res2.OptimizerLoaded)
+}
+
+func TestVerifyRejectsPartialOptimizerState(t *testing.T) {
+	dir := t.TempDir()
+	trainJSON(t, "--url", dir, "--steps", "9", "--save-every", "9")
+	ckptDir := filepath.Join(dir, "step-00000009")
+	ctx := context.Background()
+	st, err := backend.Open(ctx, ckptDir)
+	require.NoError(t, err)
+	raw, err := st.ReadAll(ctx, metadata.ObjectKey, 0)
+	require.NoError(t, err)
+	md, err := metadata.Decode(raw)
+	require.NoError(t, err)
+	removed := ""
+	for i, e := range md.Tensors {
+		if strings.HasSuffix(e.Key, ".exp_avg_sq") {
+			removed = e.Key
+			md.Tensors = append(md.Tensors[:i], md.Tensors[i+1:]...)
+			break
+		}
+	}
+	require.NotEmpty(t, removed)
+	enc, err := metadata.Encode(md)
+	require.NoError(t, err)
+	require.NoError(t, st.PutBytes(ctx, metadata.ObjectKey, enc, backend.PutOptions{}))
+
+	code, out, _ := ckpt(t, "verify", "--json", ckptDir)
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "partial-optimizer-state")
+	require.Contains(t, out, removed)
+
+	// Resume refuses to start over when the only committed checkpoint is bad.
+	code, _, errs := ckpt(t, "train", "--url", dir, "--steps", "12", "--resume")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "partial-optimizer-state")
+}
+
+func TestExitCodes(t *testing.T) {
+	code, _, errs := ckpt(t, "inspect", "nosuchscheme://x")
+	require.Equal(t, 2, code)
+	require.Contains(t, errs, "registered schemes")
+	code, _, _ = ckpt(t, "verify", "mem://empty-verify")
+	require.Equal(t, 1, code)
+	code, _, _ = ckpt(t, "train", "--bogus-flag")
+	require.Equal(t, 2, code)
+}
