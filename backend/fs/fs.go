@@ -41,7 +41,8 @@ func init() {
 }
 
 // Open is the backend.Opener for file:// URLs. The URL path is the root
-// directory, created if missing; the returned prefix is "". A host other
+// directory, created by the first write (opening a missing directory to
+// read or verify it creates nothing); the returned prefix is "". A host other
 // than "" or "localhost" is refused.
 func Open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
 	if u.Host != "" && u.Host != "localhost" {
@@ -59,22 +60,43 @@ func Open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
 
 // Driver is a backend.Driver rooted at a local directory.
 type Driver struct {
-	root *os.Root
+	dir  string
+	mu   sync.Mutex
+	root *os.Root // nil until the directory exists
 }
 
 var _ backend.Driver = (*Driver)(nil)
 
-// New returns a driver rooted at dir, creating the directory if missing.
+// New returns a driver rooted at dir. A missing dir is created by the first
+// Put; until then reads find nothing and listings are empty.
 func New(dir string) (*Driver, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create root directory: %w", err)
+	d := &Driver{dir: dir}
+	if err := d.ensure(false); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return nil, err
 	}
-	r, err := os.OpenRoot(dir)
+	return d, nil
+}
+
+// ensure opens the root directory, creating it first when create is set.
+// Without create, a missing directory is an iofs.ErrNotExist error.
+func (d *Driver) ensure(create bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.root != nil {
+		return nil
+	}
+	if create {
+		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+			return fmt.Errorf("create root directory: %w", err)
+		}
+	}
+	r, err := os.OpenRoot(d.dir)
 	if err != nil {
-		return nil, fmt.Errorf("open root directory: %w", err)
+		return fmt.Errorf("open root directory: %w", err)
 	}
 	captureEscapeErr(r)
-	return &Driver{root: r}, nil
+	d.root = r
+	return nil
 }
 
 // errPathEscapes holds the (unexported) error os.Root reports when a name
@@ -117,6 +139,9 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 	}
 	if offset < 0 {
 		return nil, fmt.Errorf("negative offset %d: %w", offset, backend.ErrInvalidKey)
+	}
+	if err := d.ensure(false); err != nil {
+		return nil, err
 	}
 	f, err := d.root.Open(native(key))
 	if err != nil {
@@ -185,6 +210,9 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	}
 	if size < 0 {
 		return fmt.Errorf("negative size %d: %w", size, backend.ErrSizeMismatch)
+	}
+	if err := d.ensure(true); err != nil {
+		return err
 	}
 	dir := path.Dir(key)
 	f, tmp, err := d.createTemp(dir)
@@ -287,6 +315,9 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 	if err := ctx.Err(); err != nil {
 		return backend.Attributes{}, err
 	}
+	if err := d.ensure(false); err != nil {
+		return backend.Attributes{}, err
+	}
 	fi, err := d.root.Stat(native(key))
 	if err != nil {
 		return backend.Attributes{}, err
@@ -304,6 +335,11 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 // symbolic links to regular files inside the root are listed, other links
 // (to directories, or out of the root) are not followed.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	if err := d.ensure(false); errors.Is(err, iofs.ErrNotExist) {
+		return ctx.Err()
+	} else if err != nil {
+		return err
+	}
 	start := ""
 	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
 		start = prefix[:i+1]
@@ -392,6 +428,11 @@ func (d *Driver) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := d.ensure(false); errors.Is(err, iofs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
 	fi, err := d.root.Lstat(native(key))
 	if err != nil {
 		if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
@@ -458,4 +499,11 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 }
 
 // Close releases the root directory handle.
-func (d *Driver) Close() error { return d.root.Close() }
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.root == nil {
+		return nil
+	}
+	return d.root.Close()
+}

@@ -2,6 +2,7 @@ package fs_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -219,4 +220,23 @@ func TestErrorCode(t *testing.T) {
 	assert.Equal(t, backend.CodePermission, d.ErrorCode(os.ErrPermission))
 	assert.Equal(t, backend.CodeAlreadyExists, d.ErrorCode(os.ErrExist))
 	assert.Equal(t, backend.CodeUnknown, d.ErrorCode(os.ErrClosed))
+}
+
+// Regression: opening a missing directory (to verify or inspect it) must
+// not create it; the first write does.
+func TestOpenMissingDirCreatesNothingUntilWrite(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	st, err := backend.Open(ctx, dir)
+	require.NoError(t, err)
+	_, err = st.Stat(ctx, "k")
+	require.ErrorIs(t, err, backend.ErrNotFound)
+	require.NoError(t, st.List(ctx, "", func(backend.ObjectInfo) error { return errors.New("listed something") }))
+	require.NoError(t, st.Delete(ctx, "k"))
+	_, err = os.Stat(dir)
+	require.ErrorIs(t, err, os.ErrNotExist, "a read-only open created the directory")
+	require.NoError(t, st.PutBytes(ctx, "a/k", []byte("x"), backend.PutOptions{}))
+	got, err := st.ReadAll(ctx, "a/k", 0)
+	require.NoError(t, err)
+	require.Equal(t, []byte("x"), got)
 }
