@@ -2,10 +2,12 @@ package loader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -37,8 +39,21 @@ type Options struct {
 	Frozen []string
 	// Concurrency bounds concurrent read requests (default 8).
 	Concurrency int
-	// MaxReadBytes caps one coalesced read (default 64 MiB).
+	// MaxReadBytes caps one coalesced read (default 16 MiB, so the read
+	// buffers in flight stay near Concurrency x 16 MiB).
 	MaxReadBytes int64
+	// StagingLimit is the most data a transactional load stages in memory
+	// before touching the targets (default 512 MiB). A larger load reads
+	// twice instead: a verify pass (every CRC checked, nothing kept), then
+	// a copy pass that checks every CRC again while filling the targets.
+	StagingLimit int64
+	// Direct fills the targets in one pass, each read verified before it
+	// is copied, with memory bounded by Concurrency x MaxReadBytes. It gives
+	// up transactionality for data errors only: every resume rule is still
+	// checked before any I/O, but a read or checksum failure midway leaves
+	// the targets partly filled. Use it when a failed load ends the process
+	// anyway.
+	Direct bool
 	// Logger receives the one summary line of a load that pruned lazy
 	// state or skipped the optimizer (default slog.Default()).
 	Logger *slog.Logger
@@ -56,6 +71,12 @@ func (o *Options) defaults() {
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
+	}
+	if o.MaxReadBytes <= 0 {
+		o.MaxReadBytes = 16 << 20
+	}
+	if o.StagingLimit <= 0 {
+		o.StagingLimit = 512 << 20
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -86,11 +107,25 @@ type Report struct {
 	ExtraKeys []string
 	// KeysLoaded counts (rank, key) pairs filled.
 	KeysLoaded int
-	// BytesNeeded, BytesRead and ReadRequests describe the data reads.
+	// BytesNeeded, BytesRead and ReadRequests describe the data reads
+	// (BytesRead and ReadRequests count both passes of verify-then-copy).
 	BytesNeeded, BytesRead int64
 	ReadRequests           int
-	Duration               time.Duration
+	// Mode is how the data was read: ModeStaged, ModeVerifyThenCopy or
+	// ModeDirect.
+	Mode     string
+	Duration time.Duration
 }
+
+// Load modes reported in Report.Mode.
+const (
+	// ModeStaged: everything read and verified into memory, then copied.
+	ModeStaged = "staged"
+	// ModeVerifyThenCopy: a verify pass, then a verified copy pass.
+	ModeVerifyThenCopy = "verify-then-copy"
+	// ModeDirect: one pass, each read verified then copied (Options.Direct).
+	ModeDirect = "direct"
+)
 
 // Examples returns up to five of keys.
 func Examples(keys []string) []string {
@@ -169,22 +204,40 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
 
-	staged, err := c.readAll(ctx, plan, opts.Concurrency)
+	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency}
+	mode := ModeStaged
+	switch {
+	case opts.Direct:
+		mode = ModeDirect
+		err = ex.stream(ctx, true)
+	case plan.BytesRead > opts.StagingLimit:
+		mode = ModeVerifyThenCopy
+		if err = ex.stream(ctx, false); err == nil {
+			if err = ex.stream(ctx, true); err != nil && errors.Is(err, ErrChecksum) {
+				err = fmt.Errorf("data changed between the verify and copy passes; targets are partly filled: %w", err)
+			}
+		}
+	default:
+		var staged [][][]byte
+		if staged, err = c.readAll(ctx, plan, opts.Concurrency); err == nil {
+			// Everything is verified: now, and only now, write into the targets.
+			err = ex.applyAll(ctx, staged)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
-
-	// Everything is verified: now, and only now, write into the targets.
-	if err := c.apply(ctx, plan, staged, reqs, owners, targets, opts.Concurrency); err != nil {
-		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
+	reads, bytesRead := len(plan.Ops), plan.BytesRead
+	if mode == ModeVerifyThenCopy {
+		reads, bytesRead = 2*reads, 2*bytesRead
 	}
 
 	rep := &Report{
 		URL: c.URL(), Format: c.format.Name, Iteration: md.Training.Iteration, OptimizerRecord: md.Training.Optimizer,
 		OptimizerLoaded: d.optimLoaded, LazyParams: d.lazyParams, LazyKeys: len(d.lazyKeys),
 		SkippedOptimizerKeys: len(d.skippedOpt), FrozenMissing: d.frozen, ExtraKeys: d.extra,
-		KeysLoaded: len(d.read), BytesNeeded: plan.BytesNeeded, BytesRead: plan.BytesRead,
-		ReadRequests: len(plan.Ops), Duration: time.Since(start),
+		KeysLoaded: len(d.read), BytesNeeded: plan.BytesNeeded, BytesRead: bytesRead,
+		ReadRequests: reads, Mode: mode, Duration: time.Since(start),
 	}
 	if len(d.lazyParams) > 0 || !d.optimLoaded || len(d.frozen) > 0 {
 		opts.Logger.Info(rep.Summary())
@@ -255,45 +308,106 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 	return raw, nil
 }
 
-// apply copies the verified chunks into the targets.
-func (c *Checkpoint) apply(ctx context.Context, plan *planner.LoadPlan, staged [][][]byte, reqs []planner.ReadRequest, owners []keyRef, targets []*statedict.StateDict, conc int) error {
-	g, _ := errgroup.WithContext(ctx)
-	g.SetLimit(conc)
-	type bytesSet struct {
-		ref keyRef
-		val []byte
-	}
-	var sets []bytesSet
-	for i := range plan.Ops {
-		op := &plan.Ops[i]
-		for j := range op.Chunks {
-			cr := &op.Chunks[j]
-			src := staged[i][j]
-			if cr.Chunk < 0 {
-				for _, cp := range cr.Copies {
-					sets = append(sets, bytesSet{ref: owners[cp.Request], val: append([]byte(nil), src...)})
-				}
-				continue
+// executor copies verified chunks of a plan into the targets.
+type executor struct {
+	c       *Checkpoint
+	plan    *planner.LoadPlan
+	owners  []keyRef
+	targets []*statedict.StateDict
+	conc    int
+
+	mu   sync.Mutex
+	sets []bytesSet // bytes values, applied last
+}
+
+type bytesSet struct {
+	ref keyRef
+	val []byte
+}
+
+// stream reads op by op (memory bounded by conc ops), verifying every
+// chunk; with fill it also copies them into the targets.
+func (ex *executor) stream(ctx context.Context, fill bool) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(ex.conc)
+	for i := range ex.plan.Ops {
+		op := &ex.plan.Ops[i]
+		g.Go(func() error {
+			buf := make([]byte, op.Length)
+			if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+				return err
 			}
-			ch := &c.md.Tensors[cr.Entry].Chunks[cr.Chunk]
-			elem := int(metadata.ElementSize(c.md.Tensors[cr.Entry].DType))
-			g.Go(func() error {
-				for _, cp := range cr.Copies {
-					ref := owners[cp.Request]
-					dst := targets[ref.rank].Tensors[ref.key]
-					if err := statedict.CopyRegion(dst.Data, dst.Offsets, dst.Sizes, src, ch.Offsets, ch.Sizes, cp.Offsets, cp.Sizes, elem); err != nil {
-						return fmt.Errorf("copy %q into rank %d: %w", ref.key, ref.rank, err)
-					}
+			chunks := make([][]byte, len(op.Chunks))
+			for j := range op.Chunks {
+				cr := &op.Chunks[j]
+				raw, err := ex.c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length])
+				if err != nil {
+					return err
 				}
+				chunks[j] = raw
+			}
+			if !fill {
 				return nil
-			})
-		}
+			}
+			return ex.applyOp(op, chunks)
+		})
 	}
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	for _, s := range sets {
-		targets[s.ref.rank].Bytes[s.ref.key] = s.val
+	if fill {
+		ex.applyBytes()
 	}
 	return nil
+}
+
+// applyAll copies staged, verified chunks into the targets, ops in parallel.
+func (ex *executor) applyAll(ctx context.Context, staged [][][]byte) error {
+	g, _ := errgroup.WithContext(ctx)
+	g.SetLimit(ex.conc)
+	for i := range ex.plan.Ops {
+		op := &ex.plan.Ops[i]
+		g.Go(func() error { return ex.applyOp(op, staged[i]) })
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	ex.applyBytes()
+	return nil
+}
+
+// applyOp copies one op's verified chunks into the target tensors; bytes
+// values are queued for applyBytes (maps are not safe for concurrent writes).
+func (ex *executor) applyOp(op *planner.ReadOp, chunks [][]byte) error {
+	md := ex.c.md
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		src := chunks[j]
+		if cr.Chunk < 0 {
+			ex.mu.Lock()
+			for _, cp := range cr.Copies {
+				ex.sets = append(ex.sets, bytesSet{ref: ex.owners[cp.Request], val: append([]byte(nil), src...)})
+			}
+			ex.mu.Unlock()
+			continue
+		}
+		te := &md.Tensors[cr.Entry]
+		ch := &te.Chunks[cr.Chunk]
+		elem := int(metadata.ElementSize(te.DType))
+		for _, cp := range cr.Copies {
+			ref := ex.owners[cp.Request]
+			dst := ex.targets[ref.rank].Tensors[ref.key]
+			if err := statedict.CopyRegion(dst.Data, dst.Offsets, dst.Sizes, src, ch.Offsets, ch.Sizes, cp.Offsets, cp.Sizes, elem); err != nil {
+				return fmt.Errorf("copy %q into rank %d: %w", ref.key, ref.rank, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (ex *executor) applyBytes() {
+	for _, s := range ex.sets {
+		ex.targets[s.ref.rank].Bytes[s.ref.key] = s.val
+	}
+	ex.sets = nil
 }

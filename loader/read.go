@@ -60,9 +60,9 @@ func (c *Checkpoint) readInto(ctx context.Context, sd *statedict.StateDict) erro
 	if err != nil {
 		return fmt.Errorf("read %s: %w", c.URL(), err)
 	}
-	staged, err := c.readAll(ctx, plan, 8)
-	if err != nil {
+	ex := &executor{c: c, plan: plan, owners: owners, targets: []*statedict.StateDict{sd}, conc: 8}
+	if err := ex.stream(ctx, true); err != nil {
 		return fmt.Errorf("read %s: %w", c.URL(), err)
 	}
-	return c.apply(ctx, plan, staged, reqs, owners, []*statedict.StateDict{sd}, 8)
+	return nil
 }
