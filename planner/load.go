@@ -27,7 +27,8 @@ func newChunkIndex(t *metadata.TensorEntry) *chunkIndex {
 	D := len(t.Shape)
 	live := make([]int32, 0, len(t.Chunks))
 	for j := range t.Chunks {
-		if len(t.Chunks[j].Sizes) == D && statedict.NumElements(t.Chunks[j].Sizes) > 0 {
+		c := &t.Chunks[j]
+		if len(c.Offsets) == D && len(c.Sizes) == D && statedict.NumElements(c.Sizes) > 0 {
 			live = append(live, int32(j))
 		}
 	}
@@ -79,11 +80,19 @@ next:
 	}
 }
 
-// needed is one saved chunk (or bytes entry) some request needs.
+// needed is one saved chunk (or bytes entry, chunk -1) some request needs.
 type needed struct {
-	read   ChunkRead
-	object string
-	offset int64
+	entry, chunk int32
+	copies       int32 // how many copies it feeds
+	object       string
+	offset       int64
+	length       int64
+}
+
+// pendingCopy is a Copy waiting to be attached to its needed chunk.
+type pendingCopy struct {
+	need int32
+	copy Copy
 }
 
 // PlanLoad plans the reads that fill reqs from the checkpoint md.
@@ -99,6 +108,10 @@ type needed struct {
 // ReadOps: the next chunk joins the current op when the hole before it is
 // at most MaxGapBytes and the op stays within MaxReadBytes (a single larger
 // chunk is an op of its own). Ops are sorted by object, then offset.
+//
+// md must be in canonical order (sorted entries, as Decode returns it);
+// chunks whose rank does not match their tensor's are ignored (Validate
+// rejects them).
 //
 // Errors name the key: ErrKeyNotFound for a key md lacks; ErrMismatch for a
 // kind or dtype mismatch or a box outside the saved shape; ErrInvalidPlan
@@ -120,16 +133,16 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 		pos []int32 // chunk -> index in need, -1 if not needed yet
 	}
 	tensors := make(map[int]*entryState)
-	bytesPos := make(map[int]int)
-	var need []needed
+	bytesPos := make(map[int]int32)
+	var need blockList[needed]
+	var pending blockList[pendingCopy]
 	var geom slab[int64]
-	var copies slab[Copy]
-	add := func(pos *int32, key, object string, entry, chunk int, offset, length int64) *ChunkRead {
+	addCopy := func(pos *int32, entry, chunk int, object string, offset, length int64, c Copy) {
 		if *pos < 0 {
-			*pos = int32(len(need))
-			need = append(need, needed{read: ChunkRead{Key: key, Entry: entry, Chunk: chunk, Length: length, Copies: copies.take(1)[:0]}, object: object, offset: offset})
+			*pos = int32(need.push(needed{entry: int32(entry), chunk: int32(chunk), object: object, offset: offset, length: length}))
 		}
-		return &need[*pos].read
+		need.at(int(*pos)).copies++
+		pending.push(pendingCopy{need: *pos, copy: c})
 	}
 	var scratch []int64
 	for ri := range reqs {
@@ -152,14 +165,12 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 				}
 				return nil, fmt.Errorf("%w: bytes %q", ErrKeyNotFound, r.Key)
 			}
-			p, ok := bytesPos[bi]
-			pos := int32(p)
+			pos, ok := bytesPos[bi]
 			if !ok {
 				pos = -1
 			}
-			cr := add(&pos, be.Key, be.Object, bi, -1, be.Offset, be.Length)
-			bytesPos[bi] = int(pos)
-			cr.Copies = append(cr.Copies, Copy{Request: ri})
+			addCopy(&pos, bi, -1, be.Object, be.Offset, be.Length, Copy{Request: ri})
+			bytesPos[bi] = pos
 			plan.BytesNeeded += be.Length
 		case TensorItem:
 			if te == nil {
@@ -190,8 +201,7 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 			lo, n := scratch[:D], scratch[D:2*D]
 			st.ix.visit(te, r.Offsets, r.Sizes, lo, n, func(j int32) {
 				c := &te.Chunks[j]
-				cr := add(&st.pos[j], te.Key, c.Object, ti, int(j), c.Offset, c.Length)
-				cr.Copies = append(cr.Copies, Copy{Request: ri, Offsets: geom.clone(lo), Sizes: geom.clone(n)})
+				addCopy(&st.pos[j], ti, int(j), c.Object, c.Offset, c.Length, Copy{Request: ri, Offsets: geom.clone(lo), Sizes: geom.clone(n)})
 			})
 		default:
 			return nil, fmt.Errorf("%w: request %d for %q has unknown kind %d", ErrInvalidPlan, ri, r.Key, r.Kind)
@@ -202,12 +212,12 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 	// distinct object, not per comparison).
 	objID := make(map[string]int32)
 	var names []string
-	for i := range need {
-		if _, ok := objID[need[i].object]; !ok {
-			objID[need[i].object] = 0
-			names = append(names, need[i].object)
+	need.each(func(_ int, n *needed) {
+		if _, ok := objID[n.object]; !ok {
+			objID[n.object] = 0
+			names = append(names, n.object)
 		}
-	}
+	})
 	slices.Sort(names)
 	for i, nm := range names {
 		objID[nm] = int32(i)
@@ -217,32 +227,69 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 		idx    int32
 		offset int64
 	}
-	order := make([]sortKey, len(need))
-	for i := range need {
-		order[i] = sortKey{obj: objID[need[i].object], idx: int32(i), offset: need[i].offset}
+	// Counting sort by object (stable), then by offset within each object;
+	// the usual layout is already in offset order, which costs one pass.
+	objStart := make([]int, len(names)+1)
+	need.each(func(_ int, n *needed) { objStart[objID[n.object]+1]++ })
+	for i := range names {
+		objStart[i+1] += objStart[i]
 	}
-	slices.SortFunc(order, func(a, b sortKey) int {
-		if c := cmp.Compare(a.obj, b.obj); c != 0 {
-			return c
-		}
+	order := make([]sortKey, need.n)
+	fillAt := slices.Clone(objStart[:len(names)])
+	need.each(func(i int, n *needed) {
+		o := objID[n.object]
+		order[fillAt[o]] = sortKey{obj: o, idx: int32(i), offset: n.offset}
+		fillAt[o]++
+	})
+	byOffset := func(a, b sortKey) int {
 		if c := cmp.Compare(a.offset, b.offset); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.idx, b.idx)
+	}
+	for o := range names {
+		if bucket := order[objStart[o]:objStart[o+1]]; !slices.IsSortedFunc(bucket, byOffset) {
+			slices.SortFunc(bucket, byOffset)
+		}
+	}
+	// Attach copies (in request order) with one allocation.
+	copyStart := make([]int32, need.n+1)
+	need.each(func(i int, n *needed) { copyStart[i+1] = copyStart[i] + n.copies })
+	flatCopies := make([]Copy, pending.n)
+	fill := slices.Clone(copyStart[:need.n])
+	pending.each(func(_ int, p *pendingCopy) {
+		flatCopies[fill[p.need]] = p.copy
+		fill[p.need]++
 	})
+	// Coalesce, then give every op its exact slice of one ChunkRead array.
+	reads := make([]ChunkRead, len(order))
+	var opStarts []int
 	var cur *ReadOp
-	for _, k := range order {
-		n := &need[k.idx]
-		end := n.offset + n.read.Length
-		if cur != nil && cur.Object == n.object && n.offset-(cur.Offset+cur.Length) <= opts.MaxGapBytes &&
+	curObj := int32(-1)
+	for i, k := range order {
+		n := need.at(int(k.idx))
+		end := n.offset + n.length
+		if cur != nil && curObj == k.obj && n.offset-(cur.Offset+cur.Length) <= opts.MaxGapBytes &&
 			max(end, cur.Offset+cur.Length)-cur.Offset <= maxRead {
 			cur.Length = max(end, cur.Offset+cur.Length) - cur.Offset
 		} else {
-			plan.Ops = append(plan.Ops, ReadOp{Object: n.object, Offset: n.offset, Length: n.read.Length})
+			opStarts = append(opStarts, i)
+			curObj = k.obj
+			plan.Ops = append(plan.Ops, ReadOp{Object: n.object, Offset: n.offset, Length: n.length})
 			cur = &plan.Ops[len(plan.Ops)-1]
 		}
-		n.read.Start = n.offset - cur.Offset
-		cur.Chunks = append(cur.Chunks, n.read)
+		key := ""
+		if n.chunk < 0 {
+			key = md.Bytes[n.entry].Key
+		} else {
+			key = md.Tensors[n.entry].Key
+		}
+		reads[i] = ChunkRead{Key: key, Entry: int(n.entry), Chunk: int(n.chunk), Start: n.offset - cur.Offset, Length: n.length,
+			Copies: flatCopies[copyStart[k.idx]:copyStart[k.idx+1]:copyStart[k.idx+1]]}
+	}
+	opStarts = append(opStarts, len(reads))
+	for o := range plan.Ops {
+		plan.Ops[o].Chunks = reads[opStarts[o]:opStarts[o+1]:opStarts[o+1]]
 	}
 	for _, op := range plan.Ops {
 		plan.BytesRead += op.Length

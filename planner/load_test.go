@@ -232,6 +232,11 @@ func TestPlanLoadCoalescing(t *testing.T) {
 		{"read through holes", all, LoadOptions{MaxGapBytes: 50}, []span{{"a", 0, 500, ints(0, 100, 250, 400)}, {"b", 0, 1000, ints(0)}}, 1500},
 		{"hole too big", all, LoadOptions{MaxGapBytes: 49}, []span{{"a", 0, 200, ints(0, 100)}, {"a", 250, 100, ints(0)}, {"a", 400, 100, ints(0)}, {"b", 0, 1000, ints(0)}}, 1400},
 		{"capped", all, LoadOptions{MaxGapBytes: 50, MaxReadBytes: 300}, []span{{"a", 0, 200, ints(0, 100)}, {"a", 250, 250, ints(0, 150)}, {"b", 0, 1000, ints(0)}}, 1450},
+		{"requested in reverse order", []ReadRequest{
+			{Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(3, 0), Sizes: ints(1, 100)},
+			{Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(2, 0), Sizes: ints(1, 100)},
+			{Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(0, 0), Sizes: ints(2, 100)},
+		}, LoadOptions{}, []span{{"a", 0, 200, ints(0, 100)}, {"a", 250, 100, ints(0)}, {"a", 400, 100, ints(0)}}, 400},
 		{"needed chunks only, hole too big", []ReadRequest{{Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(0, 10), Sizes: ints(1, 5)}, {Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(2, 0), Sizes: ints(1, 100)}},
 			LoadOptions{MaxGapBytes: 149}, []span{{"a", 0, 100, ints(0)}, {"a", 250, 100, ints(0)}}, 200},
 		{"needed chunks only", []ReadRequest{{Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(0, 10), Sizes: ints(1, 5)}, {Key: "t", Kind: TensorItem, DType: "uint8", Offsets: ints(2, 0), Sizes: ints(1, 100)}},

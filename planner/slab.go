@@ -21,3 +21,37 @@ func (s *slab[T]) clone(src []T) []T {
 	copy(out, src)
 	return out
 }
+
+// blockList is an append-only list stored in fixed-size blocks: growing it
+// never copies, so a million-element list allocates its size once.
+type blockList[T any] struct {
+	blocks [][]T
+	n      int
+}
+
+const blockBits = 14
+
+// push appends v and returns its index.
+func (l *blockList[T]) push(v T) int {
+	if l.n>>blockBits == len(l.blocks) {
+		l.blocks = append(l.blocks, make([]T, 0, 1<<blockBits))
+	}
+	b := &l.blocks[len(l.blocks)-1]
+	*b = append(*b, v)
+	l.n++
+	return l.n - 1
+}
+
+// at returns a pointer to element i.
+func (l *blockList[T]) at(i int) *T { return &l.blocks[i>>blockBits][i&(1<<blockBits-1)] }
+
+// each calls fn for every element in order.
+func (l *blockList[T]) each(fn func(i int, v *T)) {
+	i := 0
+	for _, b := range l.blocks {
+		for k := range b {
+			fn(i, &b[k])
+			i++
+		}
+	}
+}
