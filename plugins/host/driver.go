@@ -1,0 +1,355 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/plugins/internal/wire"
+	pb "github.com/ckptkit/ckptkit/plugins/proto"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// driver is the host-side backend.Driver that forwards every call to a
+// plugin process. It holds the URL it was opened with, so that after a
+// plugin restart it re-opens the URL on the new process before the next call.
+type driver struct {
+	p   *Plugin
+	url string // full URL, credentials included; never printed
+
+	mu     sync.Mutex
+	gen    uint64 // instance generation handle belongs to
+	handle string
+	caps   backend.Capabilities
+	closed bool
+}
+
+var _ backend.Driver = (*driver)(nil)
+
+// open opens the URL on the current instance and returns the prefix.
+func (d *driver) open(ctx context.Context) (string, error) {
+	in, err := d.p.live(ctx)
+	if err != nil {
+		return "", err
+	}
+	cctx, cancel := in.callCtx(ctx)
+	defer cancel()
+	resp, err := in.rpc.Open(cctx, &pb.OpenRequest{Url: d.url})
+	if err != nil {
+		return "", d.p.convert(ctx, in, "open", err, crashRetryable)
+	}
+	d.mu.Lock()
+	d.gen, d.handle, d.caps = in.gen, resp.GetHandle(), capsFromPB(resp.GetCapabilities())
+	d.mu.Unlock()
+	return resp.GetPrefix(), nil
+}
+
+// bind returns a live instance and this driver's handle on it, re-opening
+// the URL when the plugin was restarted since.
+func (d *driver) bind(ctx context.Context) (*instance, string, error) {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, "", &CallError{Plugin: d.p.Name, Op: "call", Code: backend.CodeUnknown, Err: errors.New("driver is closed")}
+	}
+	for attempt := 0; ; attempt++ {
+		in, err := d.p.live(ctx)
+		if err != nil {
+			return nil, "", err
+		}
+		d.mu.Lock()
+		gen, h := d.gen, d.handle
+		d.mu.Unlock()
+		if gen == in.gen {
+			return in, h, nil
+		}
+		if _, err := d.open(ctx); err != nil {
+			if attempt == 0 && errors.Is(err, ErrPluginExited) {
+				continue // died again between live and open: one more go
+			}
+			return nil, "", err
+		}
+	}
+}
+
+func capsFromPB(c *pb.Caps) backend.Capabilities {
+	return backend.Capabilities{
+		CreateIfAbsent: c.GetCreateIfAbsent(),
+		ServerCRC32C:   c.GetServerCrc32C(),
+		Multipart:      c.GetMultipart(),
+		PartSize:       c.GetPartSize(),
+		Concurrency:    int(c.GetConcurrency()),
+	}
+}
+
+// NewRangeReader implements backend.Driver. It waits for the plugin's first
+// frame, so a missing key fails here and not on the first Read.
+func (d *driver) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	in, h, err := d.bind(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := in.callCtx(ctx)
+	stream, err := in.rpc.Read(cctx, &pb.ReadRequest{Handle: h, Key: key, Offset: offset, Length: length})
+	if err != nil {
+		cancel()
+		return nil, d.p.convert(ctx, in, "read", err, crashRetryable)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		cancel()
+		if err == io.EOF {
+			err = errors.New("read stream ended before its first frame")
+		}
+		return nil, d.p.convert(ctx, in, "read", err, crashRetryable)
+	}
+	return &reader{d: d, in: in, ctx: ctx, stream: stream, cancel: cancel, buf: first.GetData()}, nil
+}
+
+// reader streams a range. Its stream (and the context watching the plugin
+// process) are released at EOF, on error and on Close.
+type reader struct {
+	d      *driver
+	in     *instance
+	ctx    context.Context
+	stream pb.Storage_ReadClient
+	cancel context.CancelFunc
+	buf    []byte
+	err    error
+}
+
+// Read implements io.Reader.
+func (r *reader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		msg, err := r.stream.Recv()
+		switch {
+		case err == io.EOF:
+			r.err = io.EOF
+			r.cancel()
+		case err != nil:
+			r.err = r.d.p.convert(r.ctx, r.in, "read", err, crashRetryable)
+			r.cancel()
+		default:
+			r.buf = msg.GetData()
+		}
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+// Close implements io.Closer; it cancels the stream if still open.
+func (r *reader) Close() error {
+	r.cancel()
+	r.buf = nil
+	if r.err == nil {
+		r.err = errors.New("read from a closed reader")
+	}
+	return nil
+}
+
+// Put implements backend.Driver: a header frame, ChunkSize data frames read
+// from r, then the commit frame with the byte count and CRC32C. If r fails,
+// delivers other than size bytes, or ctx ends, the stream is cancelled
+// without a commit frame and the plugin publishes nothing.
+//
+// A plugin crash is retryable (CodeTransient) only before the first data
+// frame: after that the source was partly consumed and the write is never
+// replayed here (see crashNotCommitted and crashAmbiguous). Put reads r
+// on the calling goroutine, so it returns once a blocked r.Read returns:
+// sources should honour ctx too.
+func (d *driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	in, h, err := d.bind(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := in.callCtx(ctx)
+	defer cancel()
+	policy := crashRetryable
+	fail := func(err error) error { return d.p.convert(ctx, in, "write", err, policy) }
+
+	stream, err := in.rpc.Put(cctx)
+	if err != nil {
+		return fail(err)
+	}
+	// sendErr returns the stream's real status: Send reports io.EOF when
+	// the plugin ended the stream, and the cause comes with CloseAndRecv.
+	sendErr := func(err error) error {
+		if err == io.EOF {
+			_, err = stream.CloseAndRecv()
+			if err == nil {
+				err = errors.New("plugin accepted the write before its commit frame")
+			}
+		}
+		return fail(err)
+	}
+	hdr := &pb.PutHeader{Handle: h, Key: key, Size: size, IfNotExists: opts.IfNotExists, Crc32C: opts.CRC32C, ContentType: opts.ContentType}
+	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}); err != nil {
+		return sendErr(err)
+	}
+	crc := crc32.New(castagnoli)
+	buf := make([]byte, min(int64(wire.ChunkSize), max(size, 1)))
+	var count int64
+	abort := func(code backend.Code, err error) error {
+		cancel() // ends the stream without a commit frame
+		if ctx.Err() != nil {
+			code, err = backend.CodeCanceled, fmt.Errorf("%w (%v)", context.Cause(ctx), err)
+		}
+		return &CallError{Plugin: d.p.Name, Op: "write", Code: code, Err: err}
+	}
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			policy = crashNotCommitted
+			count += int64(n)
+			if count > size {
+				return abort(backend.CodeSizeMismatch, fmt.Errorf("source holds more than the declared %d bytes: %w", size, backend.ErrSizeMismatch))
+			}
+			crc.Write(buf[:n])
+			if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Data{Data: &pb.PutData{Data: buf[:n]}}}); err != nil {
+				return sendErr(err)
+			}
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return abort(backend.CodeOf(rerr), fmt.Errorf("source: %w", rerr))
+		}
+	}
+	if count != size {
+		return abort(backend.CodeSizeMismatch, fmt.Errorf("source delivered %d of the declared %d bytes: %w", count, size, backend.ErrSizeMismatch))
+	}
+	if err := ctx.Err(); err != nil {
+		return abort(backend.CodeCanceled, err)
+	}
+	policy = crashAmbiguous
+	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: &pb.PutCommit{Count: count, Crc32C: crc.Sum32()}}}); err != nil {
+		return sendErr(err)
+	}
+	if _, err := stream.CloseAndRecv(); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// Stat implements backend.Driver.
+func (d *driver) Stat(ctx context.Context, key string) (backend.Attributes, error) {
+	var a backend.Attributes
+	err := d.unary(ctx, "stat", func(cctx context.Context, in *instance, h string) error {
+		resp, err := in.rpc.Stat(cctx, &pb.StatRequest{Handle: h, Key: key})
+		if err != nil {
+			return err
+		}
+		a = backend.Attributes{Size: resp.GetSize(), CRC32C: resp.Crc32C}
+		if ns := resp.GetModTimeUnixNano(); ns != 0 {
+			a.ModTime = time.Unix(0, ns)
+		}
+		return nil
+	})
+	return a, err
+}
+
+// Delete implements backend.Driver.
+func (d *driver) Delete(ctx context.Context, key string) error {
+	return d.unary(ctx, "delete", func(cctx context.Context, in *instance, h string) error {
+		_, err := in.rpc.Delete(cctx, &pb.DeleteRequest{Handle: h, Key: key})
+		return err
+	})
+}
+
+// unary runs one idempotent call on a live instance.
+func (d *driver) unary(ctx context.Context, op string, f func(context.Context, *instance, string) error) error {
+	in, h, err := d.bind(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := in.callCtx(ctx)
+	defer cancel()
+	return d.p.convert(ctx, in, op, f(cctx, in, h), crashRetryable)
+}
+
+// List implements backend.Driver. An error from fn stops the stream and is
+// returned as it is.
+func (d *driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	in, h, err := d.bind(ctx)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := in.callCtx(ctx)
+	defer cancel()
+	stream, err := in.rpc.List(cctx, &pb.ListRequest{Handle: h, Prefix: prefix})
+	if err != nil {
+		return d.p.convert(ctx, in, "list", err, crashRetryable)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return d.p.convert(ctx, in, "list", err, crashRetryable)
+		}
+		for _, e := range resp.GetEntries() {
+			o := backend.ObjectInfo{Key: e.GetKey(), Size: e.GetSize()}
+			if ns := e.GetModTimeUnixNano(); ns != 0 {
+				o.ModTime = time.Unix(0, ns)
+			}
+			if err := fn(o); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Capabilities implements backend.Driver with what the plugin reported at
+// the last Open.
+func (d *driver) Capabilities() backend.Capabilities {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.caps
+}
+
+// ErrorCode implements backend.Driver.
+func (d *driver) ErrorCode(err error) backend.Code {
+	var ce *CallError
+	if errors.As(err, &ce) {
+		return ce.Code
+	}
+	return backend.CodeOf(err)
+}
+
+// Close implements backend.Driver: it releases the handle in the plugin,
+// if the process that issued it still runs.
+func (d *driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	gen, h := d.gen, d.handle
+	d.mu.Unlock()
+	in, _ := d.p.current()
+	if in == nil || in.gen != gen {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cctx, ccancel := in.callCtx(ctx)
+	defer ccancel()
+	if _, err := in.rpc.Close(cctx, &pb.CloseRequest{Handle: h}); err != nil {
+		return d.p.convert(ctx, in, "close", err, crashRetryable)
+	}
+	return nil
+}

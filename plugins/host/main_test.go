@@ -1,0 +1,111 @@
+//go:build unix
+
+package host_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ckptkit/ckptkit/plugins/host"
+	hclog "github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/require"
+)
+
+// memplugin is the example plugin, built once per test binary.
+var memplugin string
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		helperHost()
+		return
+	}
+	dir, err := os.MkdirTemp("", "ckptkit-plugin-build-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	memplugin = filepath.Join(dir, "memplugin")
+	cmd := exec.Command("go", "build", "-o", memplugin, "github.com/ckptkit/ckptkit/plugins/examples/memplugin")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building memplugin:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	host.CloseAll()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// pluginDir returns a fresh directory holding a copy of memplugin under
+// each of names.
+func pluginDir(t testing.TB, names ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, n := range names {
+		copyFile(t, memplugin, filepath.Join(dir, n))
+	}
+	return dir
+}
+
+func copyFile(t testing.TB, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	require.NoError(t, err)
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o755)
+	require.NoError(t, err)
+	_, err = io.Copy(out, in)
+	require.NoError(t, err)
+	require.NoError(t, out.Close())
+}
+
+// discover runs host.Discover and closes the plugins when the test ends.
+func discover(t testing.TB, cfg host.Config) []*host.Plugin {
+	t.Helper()
+	ps, err := host.Discover(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, p := range ps {
+			p.Close()
+		}
+	})
+	return ps
+}
+
+// logBuffer is a concurrency-safe log sink.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) Contains(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Contains(l.b.String(), s)
+}
+
+func testLogger(w io.Writer) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: w})
+}

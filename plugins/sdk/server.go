@@ -1,0 +1,442 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/plugins/internal/wire"
+	pb "github.com/ckptkit/ckptkit/plugins/proto"
+	hclog "github.com/hashicorp/go-hclog"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// listBatch is how many listing entries travel in one message.
+const listBatch = 256
+
+// errNoCommit: the host's write stream ended without its commit frame.
+var errNoCommit = errors.New("write stream ended without a commit frame; nothing published")
+
+// server implements the Storage service on top of Config.Open's drivers.
+type server struct {
+	pb.UnimplementedStorageServer
+	cfg Config
+	log hclog.Logger
+
+	mu      sync.Mutex
+	next    uint64
+	drivers map[string]backend.Driver
+}
+
+func newServer(cfg Config, log hclog.Logger) *server {
+	return &server{cfg: cfg, log: log, drivers: map[string]backend.Driver{}}
+}
+
+func (s *server) driver(handle string) (backend.Driver, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.drivers[handle]
+	if !ok {
+		return nil, wire.Errorf(backend.CodeUnknown, "plugin %s: unknown driver handle %q", s.cfg.Name, handle)
+	}
+	return d, nil
+}
+
+// fail classifies a driver error and turns it into a status for the host.
+func fail(ctx context.Context, drv backend.Driver, err error) error {
+	code := backend.CodeUnknown
+	if drv != nil {
+		code = drv.ErrorCode(err)
+	}
+	if code == backend.CodeUnknown {
+		code = backend.CodeOf(err)
+	}
+	if ctx.Err() != nil && code == backend.CodeUnknown {
+		code = backend.CodeCanceled
+	}
+	return wire.ToStatus(code, err)
+}
+
+func checkKey(key string) error {
+	if err := backend.ValidateKey(key); err != nil {
+		return wire.ToStatus(backend.CodeInvalidKey, err)
+	}
+	return nil
+}
+
+// Describe implements pb.StorageServer.
+func (s *server) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{
+		Name:          s.cfg.Name,
+		Version:       s.cfg.Version,
+		Schemes:       slices.Clone(s.cfg.Schemes),
+		ProtocolMinor: wire.ProtocolMinor,
+	}, nil
+}
+
+// Open implements pb.StorageServer.
+func (s *server) Open(ctx context.Context, req *pb.OpenRequest) (*pb.OpenResponse, error) {
+	u, err := url.Parse(req.GetUrl())
+	if err != nil {
+		return nil, wire.Errorf(backend.CodeUnknown, "plugin %s: URL does not parse", s.cfg.Name)
+	}
+	u.Scheme = strings.ToLower(u.Scheme)
+	if !slices.Contains(s.cfg.Schemes, u.Scheme) {
+		return nil, wire.Errorf(backend.CodeUnsupported, "plugin %s does not serve scheme %q", s.cfg.Name, u.Scheme)
+	}
+	drv, prefix, err := s.cfg.Open(ctx, u)
+	if err != nil {
+		return nil, fail(ctx, nil, fmt.Errorf("plugin %s: open: %w", s.cfg.Name, err))
+	}
+	s.mu.Lock()
+	s.next++
+	h := strconv.FormatUint(s.next, 10)
+	s.drivers[h] = drv
+	s.mu.Unlock()
+	return &pb.OpenResponse{Handle: h, Prefix: prefix, Capabilities: capsToPB(drv.Capabilities())}, nil
+}
+
+// Close implements pb.StorageServer.
+func (s *server) Close(ctx context.Context, req *pb.CloseRequest) (*pb.CloseResponse, error) {
+	s.mu.Lock()
+	drv, ok := s.drivers[req.GetHandle()]
+	delete(s.drivers, req.GetHandle())
+	s.mu.Unlock()
+	if !ok {
+		return &pb.CloseResponse{}, nil
+	}
+	if err := drv.Close(); err != nil {
+		return nil, fail(ctx, drv, err)
+	}
+	return &pb.CloseResponse{}, nil
+}
+
+// Capabilities implements pb.StorageServer.
+func (s *server) Capabilities(_ context.Context, req *pb.CapabilitiesRequest) (*pb.CapabilitiesResponse, error) {
+	drv, err := s.driver(req.GetHandle())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.CapabilitiesResponse{Capabilities: capsToPB(drv.Capabilities())}, nil
+}
+
+func capsToPB(c backend.Capabilities) *pb.Caps {
+	return &pb.Caps{
+		CreateIfAbsent: c.CreateIfAbsent,
+		ServerCrc32C:   c.ServerCRC32C,
+		Multipart:      c.Multipart,
+		PartSize:       c.PartSize,
+		Concurrency:    int32(c.Concurrency),
+	}
+}
+
+// Read implements pb.StorageServer. The first message goes out once the
+// driver opened the range, so open errors (not-found) reach the host before
+// any data.
+func (s *server) Read(req *pb.ReadRequest, stream pb.Storage_ReadServer) error {
+	ctx := stream.Context()
+	drv, err := s.driver(req.GetHandle())
+	if err != nil {
+		return err
+	}
+	if err := checkKey(req.GetKey()); err != nil {
+		return err
+	}
+	if req.GetOffset() < 0 {
+		return wire.Errorf(backend.CodeInvalidKey, "negative offset %d", req.GetOffset())
+	}
+	rc, err := drv.NewRangeReader(ctx, req.GetKey(), req.GetOffset(), req.GetLength())
+	if err != nil {
+		return fail(ctx, drv, err)
+	}
+	defer rc.Close()
+	if err := stream.Send(&pb.ReadChunk{}); err != nil {
+		return err
+	}
+	buf := make([]byte, wire.ChunkSize)
+	for {
+		n, err := io.ReadFull(rc, buf)
+		if n > 0 {
+			// Send marshals before returning, so buf can be reused.
+			if serr := stream.Send(&pb.ReadChunk{Data: buf[:n]}); serr != nil {
+				return serr
+			}
+		}
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return nil
+		case err != nil:
+			return fail(ctx, drv, err)
+		}
+	}
+}
+
+// Put implements pb.StorageServer; see putBody for the commit rule.
+func (s *server) Put(stream pb.Storage_PutServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return wire.ToStatus(backend.CodeUnknown, fmt.Errorf("write stream: no header: %w", err))
+	}
+	hdr := first.GetHeader()
+	if hdr == nil {
+		return wire.Errorf(backend.CodeUnknown, "write stream: first frame is not a header")
+	}
+	drv, err := s.driver(hdr.GetHandle())
+	if err != nil {
+		return err
+	}
+	if err := checkKey(hdr.GetKey()); err != nil {
+		return err
+	}
+	if hdr.GetSize() < 0 {
+		return wire.Errorf(backend.CodeSizeMismatch, "negative size %d", hdr.GetSize())
+	}
+	body := &putBody{stream: stream, ctx: ctx, size: hdr.GetSize(), want: hdr.Crc32C, crc: crc32.New(castagnoli)}
+	if body.size == 0 {
+		// No byte to hold back: the commit must arrive before the driver runs.
+		body.awaitCommit()
+		if body.err != nil {
+			s.log.Warn("write aborted; nothing published", "key", hdr.GetKey(), "body_error", body.err.Error())
+			return fail(ctx, nil, body.err)
+		}
+	}
+	opts := backend.PutOptions{IfNotExists: hdr.GetIfNotExists(), CRC32C: hdr.Crc32C, ContentType: hdr.GetContentType()}
+	err = drv.Put(ctx, hdr.GetKey(), hdr.GetSize(), body, opts)
+	if err != nil || body.err != nil {
+		s.log.Warn("write aborted; nothing published", "key", hdr.GetKey(), "body_error", errString(body.err), "driver_error", errString(err))
+	}
+	switch {
+	case err != nil && body.err != nil:
+		// The body's failure is the cause; classify it, not the driver's echo.
+		return fail(ctx, nil, fmt.Errorf("%w (driver: %v)", body.err, err))
+	case err != nil:
+		return fail(ctx, drv, err)
+	case body.err != nil:
+		return wire.Errorf(backend.CodeUnknown, "plugin %s: driver published %q despite a failed body: %v", s.cfg.Name, hdr.GetKey(), body.err)
+	case !body.committed:
+		return wire.Errorf(backend.CodeUnknown, "plugin %s: driver returned from Put of %q before reading the whole body", s.cfg.Name, hdr.GetKey())
+	}
+	return stream.SendAndClose(&pb.PutResponse{})
+}
+
+// putBody is the io.Reader a driver's Put consumes. It delivers the data
+// frames but holds back the frame that completes the declared size until
+// the commit frame has arrived and matched the byte count and CRC32C of
+// everything received. Only then does it hand over the last bytes and, on
+// the next call, io.EOF. Any other course (the stream ends or is
+// cancelled, a frame overruns the size, the commit disagrees) makes every
+// Read fail, so a driver that publishes only after a clean read of exactly
+// size bytes never publishes a truncated or corrupted object.
+type putBody struct {
+	stream    pb.Storage_PutServer
+	ctx       context.Context
+	size      int64
+	want      *uint32 // CRC32C announced in the header, if any
+	crc       hashWriter
+	got       int64
+	pending   []byte
+	committed bool
+	err       error
+}
+
+type hashWriter interface {
+	Write([]byte) (int, error)
+	Sum32() uint32
+}
+
+// Read implements io.Reader.
+func (b *putBody) Read(p []byte) (int, error) {
+	for len(b.pending) == 0 {
+		if b.err != nil {
+			return 0, b.err
+		}
+		if b.committed {
+			return 0, io.EOF
+		}
+		b.next()
+	}
+	n := copy(p, b.pending)
+	b.pending = b.pending[n:]
+	return n, nil
+}
+
+// recv receives one frame, turning stream failures into b.err.
+func (b *putBody) recv() *pb.PutFrame {
+	f, err := b.stream.Recv()
+	switch {
+	case err == nil:
+		return f
+	case b.ctx.Err() != nil:
+		b.err = fmt.Errorf("write cancelled after %d of %d bytes: %w", b.got, b.size, context.Cause(b.ctx))
+	case err == io.EOF:
+		b.err = fmt.Errorf("after %d of %d bytes: %w", b.got, b.size, errNoCommit)
+	default:
+		b.err = fmt.Errorf("write stream after %d of %d bytes: %w", b.got, b.size, err)
+	}
+	return nil
+}
+
+// next receives the next data frame into pending, or fails.
+func (b *putBody) next() {
+	f := b.recv()
+	if f == nil {
+		return
+	}
+	switch fr := f.GetFrame().(type) {
+	case *pb.PutFrame_Data:
+		d := fr.Data.GetData()
+		if len(d) > wire.MaxFrameSize {
+			b.err = fmt.Errorf("data frame of %d bytes exceeds the %d-byte limit", len(d), wire.MaxFrameSize)
+			return
+		}
+		if b.got+int64(len(d)) > b.size {
+			b.err = fmt.Errorf("write stream holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
+			return
+		}
+		b.crc.Write(d)
+		b.got += int64(len(d))
+		if b.got == b.size {
+			b.awaitCommit()
+			if b.err != nil {
+				return
+			}
+		}
+		b.pending = d
+	case *pb.PutFrame_Commit:
+		b.err = fmt.Errorf("commit frame after %d of the declared %d bytes: %w", b.got, b.size, backend.ErrSizeMismatch)
+	default:
+		b.err = errors.New("write stream: unexpected frame")
+	}
+}
+
+// awaitCommit receives frames after the last data byte until the commit
+// frame, and verifies it.
+func (b *putBody) awaitCommit() {
+	for {
+		f := b.recv()
+		if f == nil {
+			return
+		}
+		switch fr := f.GetFrame().(type) {
+		case *pb.PutFrame_Data:
+			if len(fr.Data.GetData()) > 0 {
+				b.err = fmt.Errorf("write stream holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
+				return
+			}
+		case *pb.PutFrame_Commit:
+			sum := b.crc.Sum32()
+			switch c := fr.Commit; {
+			case c.GetCount() != b.got:
+				b.err = fmt.Errorf("commit frame counts %d bytes, received %d: %w", c.GetCount(), b.got, backend.ErrSizeMismatch)
+			case c.GetCrc32C() != sum:
+				b.err = fmt.Errorf("commit frame CRC32C %08x, received data %08x: data corrupted in transit", c.GetCrc32C(), sum)
+			case b.want != nil && *b.want != sum:
+				b.err = fmt.Errorf("header CRC32C %08x, received data %08x: body does not match its checksum", *b.want, sum)
+			default:
+				b.committed = true
+			}
+			return
+		default:
+			b.err = errors.New("write stream: unexpected frame before commit")
+			return
+		}
+	}
+}
+
+// Stat implements pb.StorageServer.
+func (s *server) Stat(ctx context.Context, req *pb.StatRequest) (*pb.StatResponse, error) {
+	drv, err := s.driver(req.GetHandle())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkKey(req.GetKey()); err != nil {
+		return nil, err
+	}
+	a, err := drv.Stat(ctx, req.GetKey())
+	if err != nil {
+		return nil, fail(ctx, drv, err)
+	}
+	resp := &pb.StatResponse{Size: a.Size, Crc32C: a.CRC32C}
+	if !a.ModTime.IsZero() {
+		resp.ModTimeUnixNano = a.ModTime.UnixNano()
+	}
+	return resp, nil
+}
+
+// List implements pb.StorageServer, in batches of listBatch entries.
+func (s *server) List(req *pb.ListRequest, stream pb.Storage_ListServer) error {
+	ctx := stream.Context()
+	drv, err := s.driver(req.GetHandle())
+	if err != nil {
+		return err
+	}
+	if p := strings.TrimSuffix(req.GetPrefix(), "/"); p != "" {
+		if err := checkKey(p); err != nil {
+			return err
+		}
+	}
+	batch := &pb.ListResponse{}
+	var sendErr error
+	flush := func() error {
+		if len(batch.Entries) == 0 {
+			return nil
+		}
+		err := stream.Send(batch)
+		batch = &pb.ListResponse{}
+		return err
+	}
+	err = drv.List(ctx, req.GetPrefix(), func(o backend.ObjectInfo) error {
+		e := &pb.ListEntry{Key: o.Key, Size: o.Size}
+		if !o.ModTime.IsZero() {
+			e.ModTimeUnixNano = o.ModTime.UnixNano()
+		}
+		batch.Entries = append(batch.Entries, e)
+		if len(batch.Entries) >= listBatch {
+			sendErr = flush()
+			return sendErr
+		}
+		return nil
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	if err != nil {
+		return fail(ctx, drv, err)
+	}
+	return flush()
+}
+
+// Delete implements pb.StorageServer.
+func (s *server) Delete(ctx context.Context, req *pb.DeleteRequest) (*pb.DeleteResponse, error) {
+	drv, err := s.driver(req.GetHandle())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkKey(req.GetKey()); err != nil {
+		return nil, err
+	}
+	if err := drv.Delete(ctx, req.GetKey()); err != nil {
+		if c := drv.ErrorCode(err); c == backend.CodeNotFound || (c == backend.CodeUnknown && errors.Is(err, backend.ErrNotFound)) {
+			return &pb.DeleteResponse{}, nil
+		}
+		return nil, fail(ctx, drv, err)
+	}
+	return &pb.DeleteResponse{}, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
