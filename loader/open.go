@@ -62,6 +62,15 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		if err != nil {
 			return nil, fmt.Errorf("open checkpoint %s: decode %s: %w", st, st.URL(f.ObjectKey), err)
 		}
+		if f.Complete != nil {
+			read := func(object string, offset, length int64) ([]byte, error) {
+				buf := make([]byte, length)
+				return buf, st.ReadRange(ctx, object, offset, buf)
+			}
+			if err := f.Complete(md, read); err != nil {
+				return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
+			}
+		}
 		return &Checkpoint{store: st, format: f, md: md, size: len(data)}, nil
 	}
 	var sample string

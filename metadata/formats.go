@@ -23,7 +23,15 @@ type Format struct {
 	Decode func(data []byte) (*Checkpoint, error)
 	// Encodings maps chunk encodings this format uses to their decoders.
 	Encodings map[string]ChunkDecoder
+	// Complete, when set, fills what the metadata object alone cannot say
+	// (for example a foreign format's iteration, stored as a data item),
+	// reading items through read. Loaders call it once after Decode.
+	Complete func(c *Checkpoint, read ItemReader) error
 }
+
+// ItemReader reads length bytes at offset of a data object of the
+// checkpoint being opened.
+type ItemReader func(object string, offset, length int64) ([]byte, error)
 
 var (
 	formatsMu sync.RWMutex

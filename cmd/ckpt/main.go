@@ -15,6 +15,7 @@ import (
 
 	_ "github.com/ckptkit/ckptkit/backend/fs"
 	_ "github.com/ckptkit/ckptkit/backend/mem"
+	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
 )
 
 // exitError carries the process exit code of a failed command.

@@ -14,7 +14,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newInspectCmd(), newVerifyCmd())
+	root.AddCommand(newTrainCmd(), newInspectCmd(), newVerifyCmd(), newConformanceCmd(), newLatestCmd(), newLsCmd(), newGCCmd(), newDiffCmd(), newConvertCmd())
 	return root
 }
 

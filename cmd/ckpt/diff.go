@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ckptkit/ckptkit/ops/diff"
+)
+
+func newDiffCmd() *cobra.Command {
+	var (
+		asJSON    bool
+		tolerance float64
+	)
+	cmd := &cobra.Command{
+		Use:   "diff A B",
+		Short: "Compare two checkpoints key by key (exit 0 identical, 1 different)",
+		Long: `Compares two checkpoints of any formats the loader reads (a run URL stands
+for its newest valid checkpoint), key by key: keys missing from B or extra
+in B, a tensor against a bytes value, dtype and shape changes, and content.
+Content is compared by the SHA-256 of each tensor's row-major little-endian
+bytes (whatever the sharding), or with --tolerance X numerically: a tensor
+differs when the maximum absolute difference of its elements exceeds X.
+float32/float64/float16/bfloat16 and all integer types decode to numbers,
+bool to 0/1, complex64 by the modulus of the difference; NaN equals NaN at
+the same position and differs infinitely from a number. Bytes values are
+always compared exactly. One tensor per side is in memory at a time.
+Exit 0 when identical, 1 when different, 2 on usage or access errors.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			a, _, err := openCheckpoint(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			defer a.Store().Close()
+			b, _, err := openCheckpoint(ctx, args[1])
+			if err != nil {
+				return err
+			}
+			defer b.Store().Close()
+			opts := diff.Options{UseTolerance: cmd.Flags().Changed("tolerance"), Tolerance: tolerance}
+			rep, err := diff.Compare(ctx, a, b, opts)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
+					return err
+				}
+			} else {
+				printDiff(cmd.OutOrStdout(), rep)
+			}
+			if !rep.Identical {
+				return bad(fmt.Errorf("checkpoints differ in %d of %d keys", len(rep.Differences), rep.Keys))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Float64Var(&tolerance, "tolerance", 0, "compare tensors numerically: differ when max |a-b| exceeds X")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printDiff(w io.Writer, r *diff.Report) {
+	fmt.Fprintf(w, "a %s\nb %s\n", r.A, r.B)
+	for _, d := range r.Differences {
+		switch d.Kind {
+		case diff.KindMissing:
+			fmt.Fprintf(w, "- %s: only in a (%s)\n", d.Key, d.A)
+		case diff.KindExtra:
+			fmt.Fprintf(w, "+ %s: only in b (%s)\n", d.Key, d.B)
+		case diff.KindContent:
+			if d.MaxAbsDiff != nil {
+				fmt.Fprintf(w, "~ %s: %s, max |a-b| = %g, %d element(s) over tolerance\n", d.Key, d.A, *d.MaxAbsDiff, d.Elements)
+			} else {
+				fmt.Fprintf(w, "~ %s: %s, content differs (sha256 %.12s… vs %.12s…)\n", d.Key, d.A, d.SHA256A, d.SHA256B)
+			}
+		default:
+			fmt.Fprintf(w, "~ %s: %s changed: %s -> %s\n", d.Key, d.Kind, d.A, d.B)
+		}
+	}
+	if r.Identical {
+		fmt.Fprintf(w, "identical: %d keys, %s compared\n", r.Keys, humanBytes(r.BytesCompared))
+	} else {
+		fmt.Fprintf(w, "different: %d of %d keys differ\n", len(r.Differences), r.Keys)
+	}
+}

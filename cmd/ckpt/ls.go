@@ -1,0 +1,118 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+)
+
+type lsEntry struct {
+	catalog.Entry
+	// AgeSeconds is -1 when the backend gave no modification time.
+	AgeSeconds float64 `json:"age_seconds"`
+}
+
+func newLsCmd() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls RUN_URL",
+		Short: "List every checkpoint under a run: step, committed or not, size, age",
+		Long: `Lists the step-NNNNNNNN prefixes under RUN_URL, oldest step first, with one
+listing of the run: whether each is committed (and in which format), its
+objects, total size, the age of its newest object, and how many objects
+ckptkit did not write (gc never deletes such prefixes).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			run, err := backend.Open(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			defer run.Close()
+			es, err := catalog.List(ctx, run)
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			if asJSON {
+				out := make([]lsEntry, len(es))
+				for i, e := range es {
+					out[i] = lsEntry{Entry: e, AgeSeconds: math.Round(e.Age(now).Seconds()*1000) / 1000}
+					if e.Age(now) < 0 {
+						out[i].AgeSeconds = -1
+					}
+				}
+				return writeJSON(cmd.OutOrStdout(), out)
+			}
+			printLs(cmd.OutOrStdout(), run.String(), es, now)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printLs(w io.Writer, run string, es []catalog.Entry, now time.Time) {
+	if len(es) == 0 {
+		fmt.Fprintf(w, "no checkpoints under %s\n", run)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tNAME\tSTATE\tFORMAT\tOBJECTS\tSIZE\tAGE\tNOTE")
+	for _, e := range es {
+		state := "committed"
+		if !e.Committed {
+			state = "uncommitted"
+		}
+		var note []string
+		if e.ForeignObjects > 0 {
+			note = append(note, fmt.Sprintf("%d foreign object(s)", e.ForeignObjects))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Step, e.Name, state, orDash(e.Format), e.Objects, humanBytes(e.Bytes), humanAge(e.Age(now)), strings.Join(note, ", "))
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// humanBytes formats n with binary units ("1.5 MiB").
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// humanAge formats an age ("45s", "3m", "2h5m", "4d3h"); "?" when unknown.
+func humanAge(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "?"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+}

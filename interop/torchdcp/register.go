@@ -1,0 +1,30 @@
+package torchdcp
+
+import (
+	"fmt"
+
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// Format is the DCP format as registered with the metadata package.
+func Format() metadata.Format {
+	return metadata.Format{
+		Name:      FormatName,
+		ObjectKey: ObjectKey,
+		Decode:    DecodeMetadata,
+		Encodings: map[string]metadata.ChunkDecoder{
+			EncodingTensor: decodeTensorItem,
+			EncodingBytes:  decodeBytesItem,
+		},
+		Complete: func(c *metadata.Checkpoint, read metadata.ItemReader) error {
+			_, err := FillIteration(c, ItemReader(read))
+			return err
+		},
+	}
+}
+
+func init() {
+	if err := metadata.RegisterFormat(Format()); err != nil {
+		panic(fmt.Sprintf("torchdcp: %v", err))
+	}
+}
