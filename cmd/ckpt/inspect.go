@@ -13,9 +13,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
-	"github.com/ckptkit/ckptkit/catalog"
 )
 
 // openCheckpoint opens the checkpoint at rawURL, or, when rawURL is a run
@@ -155,7 +155,11 @@ func printInspect(w io.Writer, o *inspectOutput) {
 		fmt.Fprintf(w, "run %s: newest committed checkpoint is %s\n", o.ResolvedFrom, o.URL)
 	}
 	fmt.Fprintf(w, "checkpoint %s\n", o.URL)
-	fmt.Fprintf(w, "format %s %s, written by %s at %s, world size %d\n", o.Format, o.Version, o.Writer, o.CreatedAt.Format(time.RFC3339), o.WorldSize)
+	fmt.Fprintf(w, "format %s %s, written by %s", o.Format, o.Version, o.Writer)
+	if !o.CreatedAt.IsZero() {
+		fmt.Fprintf(w, " at %s", o.CreatedAt.Format(time.RFC3339))
+	}
+	fmt.Fprintf(w, ", world size %d\n", o.WorldSize)
 	tr := o.Training
 	fmt.Fprintf(w, "training: iteration %d, optimizer %s (prefix %q, slots %v, %d state entries), scheduler prefix %q\n",
 		tr.Iteration, tr.Optimizer, tr.OptimizerPrefix, tr.OptimizerSlots, tr.OptimizerStateEntries, tr.SchedulerPrefix)

@@ -9,13 +9,14 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"os"
 
 	_ "github.com/ckptkit/ckptkit/backend/fs"
 	_ "github.com/ckptkit/ckptkit/backend/mem"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
+	"github.com/ckptkit/ckptkit/plugins/host"
 )
 
 // exitError carries the process exit code of a failed command.
@@ -36,6 +37,7 @@ func main() {
 
 // run executes the ckpt command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	defer host.CloseAll() // plugin processes never outlive the command
 	root := newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)

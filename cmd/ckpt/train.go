@@ -9,9 +9,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
-	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/saver"
 )
 
