@@ -527,3 +527,13 @@ func TestCredentialsNeverInErrors(t *testing.T) {
 		_ = s.Close()
 	}
 }
+
+// Regression: a mem:// store without a bucket name printed its URLs as
+// "mem:/x/k", which Open would then read as a local path.
+func TestBucketlessURLKeepsItsSlashes(t *testing.T) {
+	st, err := backend.Open(context.Background(), "mem://")
+	require.NoError(t, err)
+	sub, err := st.Sub("x")
+	require.NoError(t, err)
+	require.Equal(t, "mem:///x/k", sub.URL("k"))
+}

@@ -109,6 +109,9 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	root.Fragment = ""
 	root.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/"+strings.Trim(prefix, "/"))
 	base := root.String()
+	if !strings.Contains(base, "://") { // "mem:" for mem:// with no bucket
+		base = root.Scheme + "://" + strings.TrimPrefix(base, root.Scheme+":")
+	}
 	st, err := NewStore(drv, base, prefix)
 	if err != nil {
 		drv.Close()
@@ -131,8 +134,10 @@ func RedactURL(raw string) string {
 		}
 		return raw
 	}
+	changed := false
 	if u.User != nil {
 		u.User = url.User("REDACTED")
+		changed = true
 	}
 	if u.RawQuery != "" {
 		q := u.Query()
@@ -141,10 +146,14 @@ func RedactURL(raw string) string {
 			for _, s := range secretParams {
 				if strings.Contains(lk, s) {
 					q.Set(k, "REDACTED")
+					changed = true
 				}
 			}
 		}
 		u.RawQuery = q.Encode()
+	}
+	if !changed {
+		return raw // re-serialising would turn "mem://" into "mem:"
 	}
 	return u.String()
 }

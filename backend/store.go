@@ -45,7 +45,11 @@ func NewStore(drv Driver, baseURL, prefix string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store prefix %q: %w", prefix, err)
 	}
-	return &Store{drv: drv, base: strings.TrimSuffix(RedactURL(baseURL), "/"), prefix: p, retry: DefaultRetryPolicy}, nil
+	base := RedactURL(baseURL)
+	if !strings.HasSuffix(base, "://") {
+		base = strings.TrimSuffix(base, "/")
+	}
+	return &Store{drv: drv, base: base, prefix: p, retry: DefaultRetryPolicy}, nil
 }
 
 // Driver returns the underlying driver.

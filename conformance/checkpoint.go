@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 	"sync"
-	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -22,28 +21,33 @@ import (
 // checkpointCases are the resume-rule cases, run through the public save
 // and load API on the backend under test.
 var checkpointCases = []testCase{
-	{"checkpoint/reshard-round-trip", caseReshard},
-	{"checkpoint/metadata-read-once", caseMetadataOnce},
-	{"checkpoint/uncommitted-refused", caseUncommitted},
-	{"checkpoint/flipped-byte-detected", caseFlippedByte},
-	{"checkpoint/partial-optimizer-rejected", casePartial},
-	{"checkpoint/layout-mismatch-rejected", caseLayout},
-	{"checkpoint/shard-gap-rejected", caseCoverage},
-	{"checkpoint/no-save-optimizer", caseNoSaveOptimizer},
-	{"checkpoint/no-load-optimizer", caseNoLoadOptimizer},
-	{"checkpoint/interrupted-save", caseInterruptedSave},
+	checkpointCase("checkpoint/reshard-round-trip", caseReshard),
+	checkpointCase("checkpoint/metadata-read-once", caseMetadataOnce),
+	checkpointCase("checkpoint/uncommitted-refused", caseUncommitted),
+	checkpointCase("checkpoint/flipped-byte-detected", caseFlippedByte),
+	checkpointCase("checkpoint/partial-optimizer-rejected", casePartial),
+	checkpointCase("checkpoint/layout-mismatch-rejected", caseLayout),
+	checkpointCase("checkpoint/shard-gap-rejected", caseCoverage),
+	checkpointCase("checkpoint/no-save-optimizer", caseNoSaveOptimizer),
+	checkpointCase("checkpoint/no-load-optimizer", caseNoLoadOptimizer),
+	checkpointCase("checkpoint/interrupted-save", caseInterruptedSave),
+}
+
+// checkpointCase adapts a case that only needs the harness.
+func checkpointCase(name string, run func(t T, h *Harness)) testCase {
+	return testCase{name, func(t T, e *env) { run(t, e.h) }}
 }
 
 func quietLoad() loader.Options { return loader.Options{Logger: discardLogger()} }
 
-func save(t *testing.T, st *backend.Store, f *fixture, world int, opts saver.Options) *saver.Result {
+func save(t T, st *backend.Store, f *fixture, world int, opts saver.Options) *saver.Result {
 	t.Helper()
 	res, err := saver.SaveLocal(context.Background(), st, f.saveState(world), opts)
 	require.NoError(t, err, "save %d ranks to %s", world, st)
 	return res
 }
 
-func caseReshard(t *testing.T, h *Harness) {
+func caseReshard(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(1)
 	res := save(t, st, f, 4, saver.Options{Iteration: 12})
@@ -76,7 +80,7 @@ func caseReshard(t *testing.T, h *Harness) {
 	}
 }
 
-func caseMetadataOnce(t *testing.T, h *Harness) {
+func caseMetadataOnce(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(2)
 	save(t, st, f, 3, saver.Options{})
@@ -88,7 +92,7 @@ func caseMetadataOnce(t *testing.T, h *Harness) {
 	require.Equal(t, int64(0), counter.Count(instrument.OpPut), "a load writes nothing")
 }
 
-func caseUncommitted(t *testing.T, h *Harness) {
+func caseUncommitted(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(3)
 	save(t, st, f, 2, saver.Options{})
@@ -104,7 +108,7 @@ func caseUncommitted(t *testing.T, h *Harness) {
 	require.Equal(t, loader.RuleUncommitted, rep.Problems[0].Rule)
 }
 
-func caseFlippedByte(t *testing.T, h *Harness) {
+func caseFlippedByte(t T, h *Harness) {
 	ctx := context.Background()
 	st := h.NewStore(t)
 	f := newFixture(4)
@@ -133,7 +137,7 @@ func caseFlippedByte(t *testing.T, h *Harness) {
 }
 
 // rewriteMetadata alters a real saved checkpoint's metadata in place.
-func rewriteMetadata(t *testing.T, st *backend.Store, mutate func(md *metadata.Checkpoint)) {
+func rewriteMetadata(t T, st *backend.Store, mutate func(md *metadata.Checkpoint)) {
 	t.Helper()
 	ctx := context.Background()
 	raw, err := st.ReadAll(ctx, metadata.ObjectKey, 0)
@@ -146,7 +150,7 @@ func rewriteMetadata(t *testing.T, st *backend.Store, mutate func(md *metadata.C
 	require.NoError(t, st.PutBytes(ctx, metadata.ObjectKey, enc, backend.PutOptions{}))
 }
 
-func listing(t *testing.T, st *backend.Store) map[string]int64 {
+func listing(t T, st *backend.Store) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	require.NoError(t, st.List(context.Background(), "", func(o backend.ObjectInfo) error {
@@ -158,7 +162,7 @@ func listing(t *testing.T, st *backend.Store) map[string]int64 {
 
 // expectRejected loads into fresh targets and checks the error, that the
 // targets are unchanged and that the store is unchanged.
-func expectRejected(t *testing.T, st *backend.Store, f *fixture, opts loader.Options, want error, mentions ...string) {
+func expectRejected(t T, st *backend.Store, f *fixture, opts loader.Options, want error, mentions ...string) {
 	t.Helper()
 	targets := f.targets(2)
 	before := snapshot(targets)
@@ -172,7 +176,7 @@ func expectRejected(t *testing.T, st *backend.Store, f *fixture, opts loader.Opt
 	require.Equal(t, objects, listing(t, st), "a failed load must not change the store")
 }
 
-func casePartial(t *testing.T, h *Harness) {
+func casePartial(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(5)
 	save(t, st, f, 2, saver.Options{})
@@ -183,7 +187,7 @@ func casePartial(t *testing.T, h *Harness) {
 				return
 			}
 		}
-		t.Fatal("fixture lacks the slot to remove")
+		t.Fatalf("fixture lacks the slot to remove")
 	})
 	expectRejected(t, st, f, quietLoad(), loader.ErrPartialOptimizerState, "embed.weight", "optimizer.state.embed.weight.exp_avg_sq")
 	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{})
@@ -192,7 +196,7 @@ func casePartial(t *testing.T, h *Harness) {
 	require.Equal(t, loader.RulePartialOptimizer, rep.Problems[0].Rule)
 }
 
-func caseLayout(t *testing.T, h *Harness) {
+func caseLayout(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(6)
 	save(t, st, f, 2, saver.Options{})
@@ -208,7 +212,7 @@ func caseLayout(t *testing.T, h *Harness) {
 	require.Equal(t, loader.RuleLayoutMismatch, rep.Problems[0].Rule)
 }
 
-func caseCoverage(t *testing.T, h *Harness) {
+func caseCoverage(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(7)
 	save(t, st, f, 4, saver.Options{})
@@ -226,7 +230,7 @@ func caseCoverage(t *testing.T, h *Harness) {
 	require.Equal(t, loader.RuleShardCoverage, rep.Problems[0].Rule)
 }
 
-func caseNoSaveOptimizer(t *testing.T, h *Harness) {
+func caseNoSaveOptimizer(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(8)
 	res := save(t, st, f, 2, saver.Options{Iteration: 42, NoSaveOptimizer: true})
@@ -245,7 +249,7 @@ func caseNoSaveOptimizer(t *testing.T, h *Harness) {
 	f.check(t, targets, isOptimizerKey)
 }
 
-func caseNoLoadOptimizer(t *testing.T, h *Harness) {
+func caseNoLoadOptimizer(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(9)
 	save(t, st, f, 2, saver.Options{Iteration: 9})
@@ -271,7 +275,7 @@ func (c *cancelOnPut) Put(ctx context.Context, key string, size int64, r io.Read
 	return c.Driver.Put(ctx, key, size, r, opts)
 }
 
-func caseInterruptedSave(t *testing.T, h *Harness) {
+func caseInterruptedSave(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(10)
 	prev, err := st.Sub("step-1")

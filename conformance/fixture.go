@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"testing"
 
 	"github.com/stretchr/testify/require"
 
@@ -21,7 +20,6 @@ type fixture struct {
 	// lazyParam has model weights but no optimizer state in the save.
 	lazyParam string
 }
-
 
 func newFixture(seed uint64) *fixture {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
@@ -119,7 +117,7 @@ func (f *fixture) targets(world int) []*statedict.StateDict {
 
 // check asserts every loaded target shard equals the fixture's bytes, except
 // keys for which skip returns true, which must still be all zero.
-func (f *fixture) check(t *testing.T, targets []*statedict.StateDict, skip func(key string) bool) {
+func (f *fixture) check(t T, targets []*statedict.StateDict, skip func(key string) bool) {
 	t.Helper()
 	for r, sd := range targets {
 		for k, s := range sd.Tensors {
@@ -157,7 +155,7 @@ func snapshot(targets []*statedict.StateDict) []*statedict.StateDict {
 	return out
 }
 
-func requireUnchanged(t *testing.T, before, after []*statedict.StateDict) {
+func requireUnchanged(t T, before, after []*statedict.StateDict) {
 	t.Helper()
 	require.Equal(t, len(before), len(after))
 	for r := range before {
