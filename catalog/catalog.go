@@ -47,6 +47,50 @@ type Entry struct {
 	Objects   int       `json:"objects"`
 	Bytes     int64     `json:"bytes"`
 	ModTime   time.Time `json:"mod_time"`
+	// ForeignObjects counts objects under the prefix whose names ckptkit
+	// does not write (see OwnedObject). Operations that delete refuse
+	// prefixes holding any.
+	ForeignObjects int `json:"foreign_objects"`
+}
+
+// Age is how long ago the newest object of the checkpoint was written, or
+// -1 when the backend reported no modification time.
+func (e Entry) Age(now time.Time) time.Duration {
+	if e.ModTime.IsZero() {
+		return -1
+	}
+	return now.Sub(e.ModTime)
+}
+
+// OwnedObject reports whether rel, a key relative to a checkpoint prefix,
+// is a name ckptkit's saver writes: the native metadata object or a data
+// object "rank-NNNNN-NNN.data" (digits of any width).
+func OwnedObject(rel string) bool {
+	if rel == metadata.ObjectKey {
+		return true
+	}
+	rest, ok := strings.CutPrefix(rel, "rank-")
+	if !ok {
+		return false
+	}
+	rest, ok = strings.CutSuffix(rest, ".data")
+	if !ok {
+		return false
+	}
+	a, b, ok := strings.Cut(rest, "-")
+	return ok && allDigits(a) && allDigits(b)
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // List lists the checkpoints under run, oldest step first, with one
@@ -70,6 +114,9 @@ func List(ctx context.Context, run *backend.Store) ([]Entry, error) {
 		}
 		e.Objects++
 		e.Bytes += o.Size
+		if !OwnedObject(rest) {
+			e.ForeignObjects++
+		}
 		if o.ModTime.After(e.ModTime) {
 			e.ModTime = o.ModTime
 		}
@@ -105,6 +152,13 @@ func Latest(ctx context.Context, run *backend.Store, deep bool) (*Entry, []Skipp
 	if err != nil {
 		return nil, nil, err
 	}
+	return LatestIn(ctx, run, entries, deep)
+}
+
+// LatestIn is Latest over entries already listed by List (oldest first),
+// for callers that need both the listing and the newest valid checkpoint
+// without listing the run twice.
+func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep bool) (*Entry, []Skipped, error) {
 	var skipped []Skipped
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]

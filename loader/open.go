@@ -42,7 +42,7 @@ type Checkpoint struct {
 	store  *backend.Store
 	format metadata.Format
 	md     *metadata.Checkpoint
-	size   int
+	raw    []byte
 }
 
 // Open reads the metadata of the checkpoint at st, probing the registered
@@ -71,7 +71,7 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 				return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
 			}
 		}
-		return &Checkpoint{store: st, format: f, md: md, size: len(data)}, nil
+		return &Checkpoint{store: st, format: f, md: md, raw: data}, nil
 	}
 	var sample string
 	errStop := errors.New("stop")
@@ -99,7 +99,11 @@ func (c *Checkpoint) FormatName() string { return c.format.Name }
 func (c *Checkpoint) MetadataKey() string { return c.format.ObjectKey }
 
 // MetadataSize is the metadata object's size in bytes.
-func (c *Checkpoint) MetadataSize() int { return c.size }
+func (c *Checkpoint) MetadataSize() int { return len(c.raw) }
+
+// RawMetadata returns the metadata object's bytes exactly as read (to copy
+// a checkpoint without re-encoding it). Do not modify them.
+func (c *Checkpoint) RawMetadata() []byte { return c.raw }
 
 // Store returns the store every read goes through.
 func (c *Checkpoint) Store() *backend.Store { return c.store }

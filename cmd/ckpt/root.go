@@ -14,7 +14,8 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newInspectCmd(), newVerifyCmd(), newConformanceCmd(), newLatestCmd(), newLsCmd(), newGCCmd(), newDiffCmd(), newConvertCmd())
+	root.AddCommand(newTrainCmd(), newInspectCmd(), newVerifyCmd(), newConformanceCmd(), newLatestCmd(), newLsCmd(), newGCCmd(), newDiffCmd(), newConvertCmd(), newPluginsCmd())
+	addPluginFlag(root)
 	return root
 }
 

@@ -1,0 +1,358 @@
+// Package gcs is the ckptkit driver for Google Cloud Storage, built on
+// cloud.google.com/go/storage. Importing it registers the "gs" URL scheme:
+//
+//	gs://bucket/prefix?chunk_size=16MiB
+//
+// Query parameters:
+//
+//	chunk_size  resumable-upload chunk size in bytes or with a KiB/MiB/GiB
+//	            suffix (default 16MiB, rounded up to a multiple of 256KiB);
+//	            objects larger than one chunk go through a resumable upload
+//
+// Credentials are Application Default Credentials. When STORAGE_EMULATOR_HOST
+// is set (for example to fake-gcs-server), the client talks to that host
+// without authentication.
+//
+// Known deviations of fake-gcs-server, the emulator the tests run against:
+// it honours the DoesNotExist precondition on writes but ignores
+// preconditions on reads and deletes, and it does not check the CRC32C of
+// resumable uploads. The driver relies on neither.
+package gcs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"cloud.google.com/go/storage"
+	"github.com/ckptkit/ckptkit/backend"
+	"google.golang.org/api/googleapi"
+	"google.golang.org/api/iterator"
+	"google.golang.org/api/option"
+)
+
+// Scheme is the URL scheme this package registers.
+const Scheme = "gs"
+
+// DefaultChunkSize is the default resumable-upload chunk size.
+const DefaultChunkSize = 16 << 20
+
+// chunkAlign is the granularity GCS requires of resumable chunks.
+const chunkAlign = 256 << 10
+
+func init() {
+	backend.MustRegister(Scheme, open)
+}
+
+// Options configure a Driver.
+type Options struct {
+	// ChunkSize is the resumable-upload chunk size (default
+	// DefaultChunkSize, rounded up to a multiple of 256 KiB). Each Put
+	// buffers up to one chunk; the client retries a failed chunk from it.
+	ChunkSize int
+	// ClientOptions are passed to storage.NewClient (credentials, endpoint).
+	ClientOptions []option.ClientOption
+}
+
+// Driver is a backend.Driver on one GCS bucket.
+type Driver struct {
+	client *storage.Client
+	bucket *storage.BucketHandle
+	name   string
+	opts   Options
+}
+
+var _ backend.Driver = (*Driver)(nil)
+
+// New returns a driver for bucket. It builds the client but does not contact
+// the service.
+func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
+	if bucket == "" {
+		return nil, errors.New("gcs: empty bucket name")
+	}
+	if opts.ChunkSize == 0 {
+		opts.ChunkSize = DefaultChunkSize
+	}
+	if opts.ChunkSize < 0 {
+		return nil, fmt.Errorf("gcs: negative chunk size %d", opts.ChunkSize)
+	}
+	opts.ChunkSize = roundChunk(opts.ChunkSize)
+	copts := opts.ClientOptions
+	if os.Getenv("STORAGE_EMULATOR_HOST") != "" {
+		copts = append([]option.ClientOption{option.WithoutAuthentication()}, copts...)
+	}
+	client, err := storage.NewClient(ctx, copts...)
+	if err != nil {
+		return nil, fmt.Errorf("gcs: client: %w", err)
+	}
+	// Reads, stats, lists and conditional writes are idempotent and retried
+	// by the client; Put opts its handle into RetryAlways (see Put).
+	client.SetRetry(storage.WithPolicy(storage.RetryIdempotent))
+	return &Driver{client: client, bucket: client.Bucket(bucket), name: bucket, opts: opts}, nil
+}
+
+func roundChunk(n int) int {
+	return (n + chunkAlign - 1) / chunkAlign * chunkAlign
+}
+
+// open is the backend.Opener of the "gs" scheme.
+func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
+	if u.User != nil {
+		return nil, "", errors.New("gcs: credentials in the URL are not accepted; use Application Default Credentials")
+	}
+	var opts Options
+	for k, vs := range u.Query() {
+		v := vs[len(vs)-1]
+		switch k {
+		case "chunk_size":
+			n, err := parseSize(v)
+			if err != nil {
+				return nil, "", fmt.Errorf("gcs: URL parameter chunk_size: %w", err)
+			}
+			opts.ChunkSize = n
+		default:
+			return nil, "", fmt.Errorf("gcs: unknown URL parameter %q", k)
+		}
+	}
+	d, err := New(ctx, u.Host, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	return d, strings.Trim(u.Path, "/"), nil
+}
+
+// parseSize parses a byte count: a plain integer or one with a KiB, MiB or
+// GiB suffix (K, M, G and KB, MB, GB are taken as binary units too).
+func parseSize(s string) (int, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	mult := 1
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if strings.HasSuffix(t, u.suffix) {
+			mult = u.mult
+			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
+			break
+		}
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n < 0 || n > (1<<31)/mult {
+		return 0, fmt.Errorf("size %q is not a byte count", s)
+	}
+	return n * mult, nil
+}
+
+// Bucket returns the driver's bucket name.
+func (d *Driver) Bucket() string { return d.name }
+
+// ChunkSize returns the effective resumable-upload chunk size.
+func (d *Driver) ChunkSize() int { return d.opts.ChunkSize }
+
+// Client returns the underlying storage client, for operations the Driver
+// interface does not cover (bucket management).
+func (d *Driver) Client() *storage.Client { return d.client }
+
+// Capabilities implements backend.Driver. Uploads larger than one chunk are
+// resumable: chunks go one after the other, so Concurrency is 1.
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		CreateIfAbsent: true,
+		ServerCRC32C:   true,
+		Multipart:      true,
+		PartSize:       int64(d.opts.ChunkSize),
+		Concurrency:    1,
+	}
+}
+
+// Close closes the client.
+func (d *Driver) Close() error { return d.client.Close() }
+
+// NewRangeReader implements backend.Driver.
+func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	if length == 0 {
+		if _, err := d.Stat(ctx, key); err != nil {
+			return nil, err
+		}
+		return io.NopCloser(bytes.NewReader(nil)), nil
+	}
+	r, err := d.bucket.Object(key).NewRangeReader(ctx, offset, length)
+	if err != nil {
+		var ge *googleapi.Error
+		if errors.As(err, &ge) && ge.Code == http.StatusRequestedRangeNotSatisfiable {
+			// The object exists and the range starts at or past its end.
+			return io.NopCloser(bytes.NewReader(nil)), nil
+		}
+		return nil, fmt.Errorf("gcs: read %s: %w", key, err)
+	}
+	return r, nil
+}
+
+// Stat implements backend.Driver. GCS keeps a CRC32C of every object.
+func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, error) {
+	a, err := d.bucket.Object(key).Attrs(ctx)
+	if err != nil {
+		return backend.Attributes{}, fmt.Errorf("gcs: stat %s: %w", key, err)
+	}
+	crc := a.CRC32C
+	return backend.Attributes{Size: a.Size, ModTime: a.Updated, CRC32C: &crc}, nil
+}
+
+// List implements backend.Driver; GCS lists in lexicographic byte order.
+func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	q := &storage.Query{Prefix: prefix}
+	if err := q.SetAttrSelection([]string{"Name", "Size", "Updated"}); err != nil {
+		return fmt.Errorf("gcs: list %s: %w", prefix, err)
+	}
+	it := d.bucket.Objects(ctx, q)
+	for {
+		a, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("gcs: list %s: %w", prefix, err)
+		}
+		if err := fn(backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}); err != nil {
+			return err
+		}
+	}
+}
+
+// Delete implements backend.Driver; a missing key is not an error.
+func (d *Driver) Delete(ctx context.Context, key string) error {
+	err := d.bucket.Object(key).Delete(ctx)
+	if err != nil && !errors.Is(err, storage.ErrObjectNotExist) {
+		return fmt.Errorf("gcs: delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// Put implements backend.Driver. Objects up to one chunk go in a single
+// request, larger ones through a resumable upload; either way the object
+// appears only when the writer is closed, and a failed source or cancelled
+// ctx cancels the writer's context, which abandons the upload. With
+// IfNotExists the write carries the DoesNotExist precondition (412 ->
+// CodeAlreadyExists). A CRC32C given in opts is sent for the server to check;
+// otherwise the client computes one while streaming.
+func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	if size < 0 {
+		return fmt.Errorf("gcs: put %s: negative size %d", key, size)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Checkpoint objects are written whole from a buffer the client keeps
+	// per chunk, so retrying even an unconditional write only rewrites the
+	// same bytes: retry every write, not only the conditional ones.
+	obj := d.bucket.Object(key).Retryer(storage.WithPolicy(storage.RetryAlways))
+	if opts.IfNotExists {
+		obj = obj.If(storage.Conditions{DoesNotExist: true})
+	}
+	w := obj.NewWriter(wctx)
+	// No larger buffer than the object needs.
+	w.ChunkSize = min(d.opts.ChunkSize, roundChunk(int(min(size, int64(d.opts.ChunkSize)))+1))
+	w.ContentType = opts.ContentType
+	if w.ContentType == "" {
+		w.ContentType = "application/octet-stream"
+	}
+	if opts.CRC32C != nil {
+		w.CRC32C = *opts.CRC32C
+		w.SendCRC32C = true
+	}
+	n, err := io.Copy(w, &exactReader{r: r, remaining: size})
+	if err == nil && n != size {
+		err = fmt.Errorf("source ended %d bytes early: %w", size-n, io.ErrUnexpectedEOF)
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		cancel() // abandons the upload; nothing is published
+		_ = w.Close()
+		return fmt.Errorf("gcs: put %s: %w", key, err)
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("gcs: put %s: %w", key, err)
+	}
+	return nil
+}
+
+// exactReader passes through at most remaining bytes, then checks that the
+// source holds nothing more.
+type exactReader struct {
+	r         io.Reader
+	remaining int64
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	if e.remaining <= 0 {
+		var b [1]byte
+		for {
+			n, err := e.r.Read(b[:])
+			if n > 0 {
+				return 0, errors.New("source holds more than the declared size")
+			}
+			if err != nil {
+				return 0, err
+			}
+		}
+	}
+	if int64(len(p)) > e.remaining {
+		p = p[:e.remaining]
+	}
+	n, err := e.r.Read(p)
+	e.remaining -= int64(n)
+	if err == io.EOF && e.remaining > 0 {
+		err = fmt.Errorf("source ended %d bytes early: %w", e.remaining, io.ErrUnexpectedEOF)
+	}
+	return n, err
+}
+
+// ErrorCode implements backend.Driver. It classifies by the storage
+// package's sentinels, googleapi.Error codes, context and network errors.
+func (d *Driver) ErrorCode(err error) backend.Code {
+	if err == nil {
+		return backend.CodeUnknown
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return backend.CodeCanceled
+	}
+	if errors.Is(err, storage.ErrObjectNotExist) || errors.Is(err, storage.ErrBucketNotExist) {
+		return backend.CodeNotFound
+	}
+	if c := backend.CodeOf(err); c != backend.CodeUnknown && c != backend.CodeCanceled {
+		return c
+	}
+	var ge *googleapi.Error
+	if errors.As(err, &ge) {
+		switch {
+		case ge.Code == http.StatusNotFound:
+			return backend.CodeNotFound
+		case ge.Code == http.StatusPreconditionFailed:
+			return backend.CodeAlreadyExists
+		case ge.Code == http.StatusForbidden, ge.Code == http.StatusUnauthorized:
+			return backend.CodePermission
+		case ge.Code == http.StatusTooManyRequests, ge.Code == http.StatusRequestTimeout, ge.Code >= 500:
+			return backend.CodeTransient
+		}
+		return backend.CodeUnknown
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNREFUSED) {
+		return backend.CodeTransient
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return backend.CodeTransient
+	}
+	return backend.CodeUnknown
+}

@@ -1,0 +1,731 @@
+// Package s3 is the ckptkit driver for S3-compatible object stores, built on
+// minio-go. Importing it registers the "s3" URL scheme:
+//
+//	s3://bucket/prefix?endpoint=host:port&region=us-east-1&insecure=true&path_style=true
+//
+// Query parameters:
+//
+//	endpoint             host[:port] or http(s)://host[:port] of the service
+//	                     (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else s3.amazonaws.com)
+//	region               bucket region (default: AWS_REGION, AWS_DEFAULT_REGION, else auto)
+//	insecure=true        plain HTTP (same as secure=false)
+//	path_style=true      path-style bucket addressing (needed by most non-AWS servers)
+//	part_size            multipart part size in bytes, or with a KiB/MiB/GiB suffix (default 16MiB, minimum 5MiB)
+//	concurrency          parts in flight per upload (default 8)
+//	multipart_threshold  objects larger than this use multipart uploads (default 64MiB)
+//
+// Credentials never come from the URL. They come, in this order, from
+// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
+// credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials, profile
+// AWS_PROFILE) and the EC2/ECS instance role.
+package s3
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"golang.org/x/sync/errgroup"
+)
+
+// Scheme is the URL scheme this package registers.
+const Scheme = "s3"
+
+// Size limits of the S3 multipart protocol.
+const (
+	// MinPartSize is the smallest part S3 accepts (except for the last one).
+	MinPartSize = 5 << 20
+	// MaxPartSize is the largest part S3 accepts.
+	MaxPartSize = 5 << 30
+	// MaxParts is the largest number of parts of one upload.
+	MaxParts = 10000
+)
+
+// Defaults of Options.
+const (
+	DefaultPartSize           = 16 << 20
+	DefaultConcurrency        = 8
+	DefaultMultipartThreshold = 64 << 20
+)
+
+// abortTimeout bounds the clean-up of a failed multipart upload, which runs
+// on a fresh context because the caller's may already be cancelled.
+const abortTimeout = 30 * time.Second
+
+// partAttempts is how often one part is tried before the upload fails.
+const partAttempts = 3
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func init() {
+	backend.MustRegister(Scheme, open)
+}
+
+// Options configure a Driver.
+type Options struct {
+	// Endpoint is host[:port] of the S3 service (default s3.amazonaws.com).
+	Endpoint string
+	// Region of the bucket; empty lets the client discover it.
+	Region string
+	// Insecure selects plain HTTP.
+	Insecure bool
+	// PathStyle selects path-style bucket addressing.
+	PathStyle bool
+	// PartSize is the multipart part size (default DefaultPartSize, at least
+	// MinPartSize). It grows automatically when an object would need more
+	// than MaxParts parts.
+	PartSize int64
+	// Concurrency is the number of parts uploaded at once per Put (default
+	// DefaultConcurrency). Memory use per Put is about (Concurrency+1)*PartSize.
+	Concurrency int
+	// MultipartThreshold: objects larger than this are uploaded in parts
+	// (default DefaultMultipartThreshold).
+	MultipartThreshold int64
+	// Credentials overrides the default chain (environment, shared file,
+	// instance role).
+	Credentials *credentials.Credentials
+}
+
+func (o *Options) setDefaults() error {
+	if o.Endpoint == "" {
+		o.Endpoint = "s3.amazonaws.com"
+	}
+	if o.PartSize == 0 {
+		o.PartSize = DefaultPartSize
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.MultipartThreshold == 0 {
+		o.MultipartThreshold = DefaultMultipartThreshold
+	}
+	switch {
+	case o.PartSize < MinPartSize || o.PartSize > MaxPartSize:
+		return fmt.Errorf("part size %d outside [%d, %d]", o.PartSize, MinPartSize, MaxPartSize)
+	case o.Concurrency < 1:
+		return fmt.Errorf("concurrency %d is below 1", o.Concurrency)
+	case o.MultipartThreshold < 0 || o.MultipartThreshold > MaxPartSize:
+		return fmt.Errorf("multipart threshold %d outside [0, %d]", o.MultipartThreshold, MaxPartSize)
+	}
+	return nil
+}
+
+// DefaultCredentials is the credential chain used when Options.Credentials
+// is nil: environment, shared credentials file, instance role.
+func DefaultCredentials() *credentials.Credentials {
+	return credentials.NewChainCredentials([]credentials.Provider{
+		&credentials.EnvAWS{},
+		&credentials.FileAWSCredentials{},
+		&credentials.IAM{Client: &http.Client{Transport: http.DefaultTransport, Timeout: 5 * time.Second}},
+	})
+}
+
+// Driver is a backend.Driver on one S3 bucket.
+type Driver struct {
+	bucket    string
+	opts      Options
+	client    *minio.Client
+	core      minio.Core
+	transport *http.Transport
+}
+
+var _ backend.Driver = (*Driver)(nil)
+
+// New returns a driver for bucket. It does not contact the service.
+func New(bucket string, opts Options) (*Driver, error) {
+	if bucket == "" {
+		return nil, errors.New("s3: empty bucket name")
+	}
+	if err := opts.setDefaults(); err != nil {
+		return nil, fmt.Errorf("s3: %w", err)
+	}
+	creds := opts.Credentials
+	if creds == nil {
+		creds = DefaultCredentials()
+	}
+	tr, err := minio.DefaultTransport(!opts.Insecure)
+	if err != nil {
+		return nil, fmt.Errorf("s3: transport: %w", err)
+	}
+	// Parts in flight each hold a connection; keep them for reuse.
+	tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, opts.Concurrency*2)
+	lookup := minio.BucketLookupAuto
+	if opts.PathStyle {
+		lookup = minio.BucketLookupPath
+	}
+	client, err := minio.New(opts.Endpoint, &minio.Options{
+		Creds:           creds,
+		Secure:          !opts.Insecure,
+		Region:          opts.Region,
+		BucketLookup:    lookup,
+		Transport:       tr,
+		TrailingHeaders: true,
+		// The Store retries; one client-side attempt keeps the two layers
+		// from multiplying each other's retries.
+		MaxRetries: 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3: client for endpoint %s: %w", opts.Endpoint, err)
+	}
+	return &Driver{bucket: bucket, opts: opts, client: client, core: minio.Core{Client: client}, transport: tr}, nil
+}
+
+// open is the backend.Opener of the "s3" scheme.
+func open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
+	if u.User != nil {
+		return nil, "", errors.New("s3: credentials in the URL are not accepted; use AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the shared credentials file")
+	}
+	opts, err := ParseQuery(u.Query())
+	if err != nil {
+		return nil, "", err
+	}
+	d, err := New(u.Host, opts)
+	if err != nil {
+		return nil, "", err
+	}
+	return d, strings.Trim(u.Path, "/"), nil
+}
+
+// ParseQuery turns an s3:// URL's query into Options, filling what the query
+// leaves out from the environment. Unknown parameters are an error.
+func ParseQuery(q url.Values) (Options, error) {
+	var o Options
+	endpoint := firstNonEmpty(q.Get("endpoint"), os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	if strings.Contains(endpoint, "://") {
+		eu, err := url.Parse(endpoint)
+		if err != nil || eu.Host == "" {
+			return o, fmt.Errorf("s3: endpoint %q is not host[:port] or a URL", endpoint)
+		}
+		o.Insecure = eu.Scheme == "http"
+		endpoint = eu.Host
+	}
+	o.Endpoint = endpoint
+	o.Region = firstNonEmpty(q.Get("region"), os.Getenv("AWS_REGION"), os.Getenv("AWS_DEFAULT_REGION"))
+	for k, vs := range q {
+		v := vs[len(vs)-1]
+		var err error
+		switch k {
+		case "endpoint", "region":
+		case "insecure":
+			var b bool
+			b, err = strconv.ParseBool(v)
+			o.Insecure = b
+		case "secure":
+			var b bool
+			b, err = strconv.ParseBool(v)
+			o.Insecure = !b
+		case "path_style":
+			o.PathStyle, err = strconv.ParseBool(v)
+		case "part_size":
+			o.PartSize, err = ParseSize(v)
+		case "multipart_threshold":
+			o.MultipartThreshold, err = ParseSize(v)
+		case "concurrency":
+			o.Concurrency, err = strconv.Atoi(v)
+		default:
+			return o, fmt.Errorf("s3: unknown URL parameter %q", k)
+		}
+		if err != nil {
+			return o, fmt.Errorf("s3: URL parameter %s: %w", k, err)
+		}
+	}
+	return o, nil
+}
+
+// ParseSize parses a byte count: a plain integer or one with a KiB, MiB or
+// GiB suffix (K, M, G and KB, MB, GB are taken as the binary units too).
+func ParseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	mult := int64(1)
+	upper := strings.ToUpper(t)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if strings.HasSuffix(upper, u.suffix) {
+			mult = u.mult
+			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
+			break
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q is not a byte count", s)
+	}
+	return n * mult, nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Bucket returns the driver's bucket.
+func (d *Driver) Bucket() string { return d.bucket }
+
+// Options returns the driver's effective options (credentials omitted).
+func (d *Driver) Options() Options {
+	o := d.opts
+	o.Credentials = nil
+	return o
+}
+
+// Capabilities implements backend.Driver.
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		CreateIfAbsent: true,
+		ServerCRC32C:   true,
+		Multipart:      true,
+		PartSize:       d.opts.PartSize,
+		Concurrency:    d.opts.Concurrency,
+	}
+}
+
+// Close releases idle connections.
+func (d *Driver) Close() error {
+	d.transport.CloseIdleConnections()
+	return nil
+}
+
+// NewRangeReader implements backend.Driver with one ranged GET.
+func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	if length == 0 {
+		// Nothing to read, but a missing key must still say so.
+		if _, err := d.Stat(ctx, key); err != nil {
+			return nil, err
+		}
+		return io.NopCloser(bytes.NewReader(nil)), nil
+	}
+	var opts minio.GetObjectOptions
+	switch {
+	case length > 0:
+		if err := opts.SetRange(offset, offset+length-1); err != nil {
+			return nil, fmt.Errorf("s3: range: %w", err)
+		}
+	case offset > 0:
+		if err := opts.SetRange(offset, 0); err != nil {
+			return nil, fmt.Errorf("s3: range: %w", err)
+		}
+	}
+	rc, _, _, err := d.core.GetObject(ctx, d.bucket, key, opts)
+	if err != nil {
+		var er minio.ErrorResponse
+		if errors.As(err, &er) && (er.Code == minio.InvalidRange || er.StatusCode == http.StatusRequestedRangeNotSatisfiable) {
+			// The object exists and the range starts at or past its end.
+			return io.NopCloser(bytes.NewReader(nil)), nil
+		}
+		return nil, fmt.Errorf("s3: get %s: %w", key, err)
+	}
+	return rc, nil
+}
+
+// Stat implements backend.Driver.
+func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, error) {
+	info, err := d.client.StatObject(ctx, d.bucket, key, minio.StatObjectOptions{Checksum: true})
+	if err != nil {
+		return backend.Attributes{}, fmt.Errorf("s3: stat %s: %w", key, err)
+	}
+	a := backend.Attributes{Size: info.Size, ModTime: info.LastModified}
+	if !strings.EqualFold(info.ChecksumMode, "COMPOSITE") {
+		a.CRC32C = decodeCRC32C(info.ChecksumCRC32C)
+	}
+	return a, nil
+}
+
+// decodeCRC32C decodes a whole-object x-amz-checksum-crc32c value. A
+// composite multipart checksum ("...-N") is not a CRC of the object's bytes
+// and yields nil.
+func decodeCRC32C(s string) *uint32 {
+	if s == "" || strings.Contains(s, "-") {
+		return nil
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b) != 4 {
+		return nil
+	}
+	v := binary.BigEndian.Uint32(b)
+	return &v
+}
+
+func encodeCRC32C(v uint32) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	return base64.StdEncoding.EncodeToString(b[:])
+}
+
+// List implements backend.Driver. S3 lists keys in ascending UTF-8 byte
+// order, which is the order the Driver contract asks for.
+func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	lctx, cancel := context.WithCancel(ctx)
+	ch := d.client.ListObjects(lctx, d.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true})
+	defer func() {
+		cancel()
+		// Drain so the lister goroutine ends.
+		for range ch {
+		}
+	}()
+	for obj := range ch {
+		if obj.Err != nil {
+			return fmt.Errorf("s3: list %s: %w", prefix, obj.Err)
+		}
+		if err := fn(backend.ObjectInfo{Key: obj.Key, Size: obj.Size, ModTime: obj.LastModified}); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// Delete implements backend.Driver; S3 deletes of missing keys succeed.
+func (d *Driver) Delete(ctx context.Context, key string) error {
+	if err := d.client.RemoveObject(ctx, d.bucket, key, minio.RemoveObjectOptions{}); err != nil {
+		return fmt.Errorf("s3: delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// Put implements backend.Driver: one PUT up to MultipartThreshold, a
+// multipart upload above it. Both are conditional (If-None-Match: *) when
+// opts.IfNotExists is set, and both carry CRC32C checksums the server checks.
+func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	if size < 0 {
+		return fmt.Errorf("s3: put %s: negative size %d", key, size)
+	}
+	if size > d.opts.MultipartThreshold {
+		return d.putMultipart(ctx, key, size, r, opts)
+	}
+	return d.putSingle(ctx, key, size, r, opts)
+}
+
+func (d *Driver) putOptions(opts backend.PutOptions) minio.PutObjectOptions {
+	po := minio.PutObjectOptions{ContentType: opts.ContentType, SendContentMd5: false}
+	if opts.IfNotExists {
+		po.SetMatchETagExcept("*") // If-None-Match: *
+	}
+	return po
+}
+
+func (d *Driver) putSingle(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	po := d.putOptions(opts)
+	if opts.CRC32C != nil {
+		// Known up front: sent as a header, checked by the server.
+		po.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(*opts.CRC32C)}
+	} else {
+		// Computed while streaming and sent as a trailer.
+		po.Checksum = minio.ChecksumCRC32C
+		po.DisableContentSha256 = true
+	}
+	// The body must deliver exactly size bytes; a short or failing source
+	// makes the request fail before the server commits anything.
+	body := &exactReader{r: r, remaining: size}
+	if _, err := d.core.PutObject(ctx, d.bucket, key, body, size, "", "", po); err != nil {
+		if body.err != nil {
+			return fmt.Errorf("s3: put %s: %w (request: %v)", key, body.err, err)
+		}
+		return fmt.Errorf("s3: put %s: %w", key, err)
+	}
+	if body.err != nil {
+		// Cannot happen with a conforming HTTP client, but never report
+		// success for a body that failed.
+		return fmt.Errorf("s3: put %s: %w", key, body.err)
+	}
+	return nil
+}
+
+// exactReader passes through at most remaining bytes and remembers the
+// source's error, so it can be reported in preference to the HTTP layer's.
+type exactReader struct {
+	r         io.Reader
+	remaining int64
+	err       error
+}
+
+func (e *exactReader) Read(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	if e.remaining <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > e.remaining {
+		p = p[:e.remaining]
+	}
+	n, err := e.r.Read(p)
+	e.remaining -= int64(n)
+	if err == io.EOF && e.remaining > 0 {
+		err = fmt.Errorf("source ended %d bytes early: %w", e.remaining, io.ErrUnexpectedEOF)
+	}
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
+}
+
+// partSizeFor returns the part size for an object of size bytes: the
+// configured one, grown (in MiB steps) when MaxParts parts would not hold it.
+func (d *Driver) partSizeFor(size int64) int64 {
+	ps := d.opts.PartSize
+	if need := (size + MaxParts - 1) / MaxParts; need > ps {
+		ps = (need + 1<<20 - 1) &^ (1<<20 - 1)
+	}
+	return ps
+}
+
+// putMultipart uploads size bytes of r in parts: parts are read from r one
+// after the other into pooled buffers and up to Concurrency of them are in
+// flight. The object appears only on CompleteMultipartUpload, which carries
+// If-None-Match: * for create-if-absent (minio-go's own PutObject drops that
+// header on the completing request, so a large create-if-absent would
+// silently overwrite). Each part carries its CRC32C and the completion the
+// CRC32C of the whole body (a FULL_OBJECT checksum, computed while reading),
+// which the server checks against the parts and keeps for Stat. Any failure
+// aborts the upload.
+func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) (err error) {
+	if opts.IfNotExists {
+		// Cheap early exit; the conditional Complete below is what decides.
+		if _, serr := d.Stat(ctx, key); serr == nil {
+			return fmt.Errorf("s3: put %s: %w", key, backend.ErrAlreadyExists)
+		} else if d.ErrorCode(serr) != backend.CodeNotFound {
+			return serr
+		}
+	}
+	partSize := d.partSizeFor(size)
+	nparts := int((size + partSize - 1) / partSize)
+
+	initOpts := minio.PutObjectOptions{
+		ContentType:  opts.ContentType,
+		UserMetadata: map[string]string{"X-Amz-Checksum-Algorithm": "CRC32C", "X-Amz-Checksum-Type": "FULL_OBJECT"},
+	}
+	uploadID, err := d.core.NewMultipartUpload(ctx, d.bucket, key, initOpts)
+	if err != nil {
+		return fmt.Errorf("s3: put %s: start multipart upload: %w", key, err)
+	}
+	defer func() {
+		if err != nil {
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+			defer cancel()
+			if aerr := d.core.AbortMultipartUpload(actx, d.bucket, key, uploadID); aerr != nil {
+				err = fmt.Errorf("%w (abort of upload also failed: %v)", err, aerr)
+			}
+		}
+	}()
+
+	parts := make([]minio.CompletePart, nparts)
+	g, gctx := errgroup.WithContext(ctx)
+	pool := newBufPool(d.opts.Concurrency+1, partSize)
+	full := crc32.New(castagnoli)
+	var readErr error
+	for i := 0; i < nparts; i++ {
+		n := min(partSize, size-int64(i)*partSize)
+		buf, perr := pool.get(gctx)
+		if perr != nil {
+			break // a part failed or ctx ended; g.Wait reports it
+		}
+		buf = buf[:n]
+		if rerr := readPart(r, buf, i == nparts-1); rerr != nil {
+			pool.put(buf)
+			readErr = fmt.Errorf("read part %d: %w", i+1, rerr)
+			break
+		}
+		full.Write(buf)
+		partNum := i + 1
+		g.Go(func() error {
+			sum := crc32.Checksum(buf, castagnoli)
+			hdr := http.Header{}
+			hdr.Set("X-Amz-Checksum-Crc32c", encodeCRC32C(sum))
+			p, perr := d.putPart(gctx, key, uploadID, partNum, buf, hdr)
+			if perr != nil {
+				// The HTTP transport may still hold buf after a failed
+				// request, so it is not reused; the cancelled group ends
+				// the upload anyway.
+				return fmt.Errorf("upload part %d: %w", partNum, perr)
+			}
+			pool.put(buf)
+			parts[partNum-1] = minio.CompletePart{PartNumber: partNum, ETag: p.ETag, ChecksumCRC32C: firstNonEmpty(p.ChecksumCRC32C, encodeCRC32C(sum))}
+			return nil
+		})
+	}
+	gerr := g.Wait()
+	switch {
+	case readErr != nil:
+		return fmt.Errorf("s3: put %s: %w", key, readErr)
+	case gerr != nil:
+		return fmt.Errorf("s3: put %s: %w", key, gerr)
+	case ctx.Err() != nil:
+		return fmt.Errorf("s3: put %s: %w", key, ctx.Err())
+	}
+	if opts.CRC32C != nil && full.Sum32() != *opts.CRC32C {
+		return fmt.Errorf("s3: put %s: body CRC32C %08x does not match the declared %08x", key, full.Sum32(), *opts.CRC32C)
+	}
+	copts := d.putOptions(opts)
+	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(full.Sum32()), "X-Amz-Checksum-Type": "FULL_OBJECT"}
+	if _, err := d.core.CompleteMultipartUpload(ctx, d.bucket, key, uploadID, parts, copts); err != nil {
+		return fmt.Errorf("s3: put %s: complete multipart upload: %w", key, err)
+	}
+	return nil
+}
+
+// readPart fills buf from r. Unlike io.ReadFull it keeps an error that
+// arrives with the bytes completing buf, and after the last part it checks
+// that r holds nothing more.
+func readPart(r io.Reader, buf []byte, last bool) error {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err == io.EOF {
+			if n < len(buf) {
+				return fmt.Errorf("source ended %d bytes early: %w", len(buf)-n, io.ErrUnexpectedEOF)
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !last {
+		return nil
+	}
+	var b [1]byte
+	for {
+		m, err := r.Read(b[:])
+		if m > 0 {
+			return errors.New("source holds more than the declared size")
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// putPart uploads one buffered part, retrying transient failures a few
+// times: the part is in memory, so a retry costs one part, not the object.
+func (d *Driver) putPart(ctx context.Context, key, uploadID string, partNum int, buf []byte, hdr http.Header) (minio.ObjectPart, error) {
+	delay := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		p, err := d.core.PutObjectPart(ctx, d.bucket, key, uploadID, partNum, bytes.NewReader(buf), int64(len(buf)),
+			minio.PutObjectPartOptions{CustomHeader: hdr})
+		if err == nil || attempt == partAttempts || d.ErrorCode(err) != backend.CodeTransient {
+			return p, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return p, err
+		case <-t.C:
+		}
+		delay *= 2
+	}
+}
+
+// bufPool hands out at most n buffers of one size, allocated on demand.
+type bufPool struct {
+	free chan []byte
+	made chan struct{} // one token per buffer still allowed to be made
+	size int64
+}
+
+func newBufPool(n int, size int64) *bufPool {
+	p := &bufPool{free: make(chan []byte, n), made: make(chan struct{}, n), size: size}
+	for i := 0; i < n; i++ {
+		p.made <- struct{}{}
+	}
+	return p
+}
+
+func (p *bufPool) get(ctx context.Context) ([]byte, error) {
+	select {
+	case b := <-p.free:
+		return b[:cap(b)], nil
+	default:
+	}
+	select {
+	case b := <-p.free:
+		return b[:cap(b)], nil
+	case <-p.made:
+		return make([]byte, p.size), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (p *bufPool) put(b []byte) { p.free <- b }
+
+// ErrorCode implements backend.Driver. It classifies by S3 error code and
+// HTTP status, by context errors and by network error types.
+func (d *Driver) ErrorCode(err error) backend.Code {
+	if err == nil {
+		return backend.CodeUnknown
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return backend.CodeCanceled
+	}
+	if c := backend.CodeOf(err); c != backend.CodeUnknown && c != backend.CodeCanceled {
+		return c
+	}
+	var er minio.ErrorResponse
+	if errors.As(err, &er) {
+		switch er.Code {
+		case minio.NoSuchKey, minio.NoSuchBucket:
+			return backend.CodeNotFound
+		case minio.PreconditionFailed:
+			return backend.CodeAlreadyExists
+		case minio.AccessDenied, minio.InvalidAccessKeyID, minio.SignatureDoesNotMatch, "ExpiredToken", "InvalidToken":
+			return backend.CodePermission
+		case "SlowDown", "RequestTimeout", minio.InternalError, "ServiceUnavailable", "RequestTimeTooSkewed":
+			return backend.CodeTransient
+		case minio.InvalidBucketName, minio.XMinioInvalidObjectName:
+			return backend.CodeInvalidKey
+		case minio.NotImplemented:
+			return backend.CodeUnsupported
+		}
+		switch {
+		case er.StatusCode == http.StatusNotFound:
+			return backend.CodeNotFound
+		case er.StatusCode == http.StatusPreconditionFailed:
+			return backend.CodeAlreadyExists
+		case er.StatusCode == http.StatusForbidden:
+			return backend.CodePermission
+		case er.StatusCode == http.StatusTooManyRequests, er.StatusCode == http.StatusRequestTimeout, er.StatusCode >= 500:
+			return backend.CodeTransient
+		}
+		return backend.CodeUnknown
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNREFUSED) {
+		return backend.CodeTransient
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return backend.CodeTransient
+	}
+	return backend.CodeUnknown
+}
+
+// Client returns the underlying minio-go client, for operations the Driver
+// interface does not cover (bucket management, inspecting incomplete
+// multipart uploads).
+func (d *Driver) Client() *minio.Client { return d.client }

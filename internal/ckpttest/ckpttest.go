@@ -1,0 +1,192 @@
+// Package ckpttest holds test helpers shared by the operation packages
+// (catalog, ops/*, convert/*): the backends a test runs on, a deterministic
+// sharded training state, and saving it under a run. Only tests import it.
+package ckpttest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	_ "github.com/ckptkit/ckptkit/backend/fs"  // file:// for tests
+	_ "github.com/ckptkit/ckptkit/backend/mem" // mem:// for tests
+	_ "github.com/ckptkit/ckptkit/backend/s3"  // s3:// when CKPTKIT_TEST_S3_URL is set
+	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/saver"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// S3URLEnv names the environment variable scripts/test-servers.sh exports
+// with the URL of a test S3 bucket.
+const S3URLEnv = "CKPTKIT_TEST_S3_URL"
+
+// Backend is a storage a test runs on.
+type Backend struct {
+	Name string
+	// Open returns a Store on a fresh, empty prefix, closed at cleanup.
+	Open func(t testing.TB) *backend.Store
+}
+
+var seq atomic.Int64
+
+// Backends returns fs (a temp dir), mem (a fresh named bucket) and, when
+// CKPTKIT_TEST_S3_URL is set, s3 (a fresh prefix in the test bucket).
+func Backends(t testing.TB) []Backend {
+	bs := []Backend{
+		{Name: "fs", Open: func(t testing.TB) *backend.Store {
+			return OpenURL(t, "file://"+t.TempDir())
+		}},
+		{Name: "mem", Open: func(t testing.TB) *backend.Store {
+			return OpenURL(t, fmt.Sprintf("mem://ckpttest-%d-%d/", os.Getpid(), seq.Add(1)))
+		}},
+	}
+	raw := os.Getenv(S3URLEnv)
+	if raw == "" {
+		t.Logf("s3: skipped (%s not set)", S3URLEnv)
+		return bs
+	}
+	return append(bs, Backend{Name: "s3", Open: func(t testing.TB) *backend.Store {
+		u, err := url.Parse(raw)
+		require.NoError(t, err)
+		u.Path = strings.TrimSuffix(u.Path, "/") + fmt.Sprintf("/ckpttest-%d-%d-%d", os.Getpid(), seq.Add(1), rand.Int64())
+		st := OpenURL(t, u.String())
+		t.Cleanup(func() { removeAll(st) }) // registered last: runs before Close
+		return st
+	}})
+}
+
+// removeAll deletes every object under st, best effort.
+func removeAll(st *backend.Store) {
+	ctx := context.Background()
+	var keys []string
+	_ = st.List(ctx, "", func(o backend.ObjectInfo) error {
+		keys = append(keys, o.Key)
+		return nil
+	})
+	for _, k := range keys {
+		_ = st.Delete(ctx, k)
+	}
+}
+
+// OpenURL opens a store and closes it at cleanup.
+func OpenURL(t testing.TB, raw string) *backend.Store {
+	st, err := backend.Open(context.Background(), raw)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// State is a deterministic training state: global tensors and bytes values.
+type State struct {
+	Tensors map[string]*statedict.Tensor
+	Bytes   map[string][]byte
+}
+
+// NewState returns a small model (every dtype), AdamW state for its float32
+// parameters and a scheduler value. rows scales the tensors' first
+// dimension.
+func NewState(seed uint64, rows int64) *State {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+	s := &State{Tensors: map[string]*statedict.Tensor{}, Bytes: map[string][]byte{}}
+	fill := func(t *statedict.Tensor) *statedict.Tensor {
+		for i := range t.Data {
+			t.Data[i] = byte(rng.Uint32())
+		}
+		if t.DType == statedict.Bool {
+			for i := range t.Data {
+				t.Data[i] &= 1
+			}
+		}
+		return t
+	}
+	for _, dt := range statedict.DTypes() {
+		s.Tensors["model.layer_"+string(dt)+".weight"] = fill(statedict.NewTensor(dt, rows, 3))
+	}
+	s.Tensors["model.embed.weight"] = fill(statedict.NewTensor(statedict.Float32, rows, 8))
+	s.Tensors["model.scale"] = fill(statedict.NewTensor(statedict.Float32))
+	for _, p := range []string{"embed.weight", "layer_float32.weight"} {
+		w := s.Tensors["model."+p]
+		s.Tensors["optimizer.state."+p+".step"] = fill(statedict.NewTensor(statedict.Float32))
+		s.Tensors["optimizer.state."+p+".exp_avg"] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
+		s.Tensors["optimizer.state."+p+".exp_avg_sq"] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
+	}
+	s.Bytes["optimizer.param_groups.0.lr"] = []byte("0.001")
+	s.Bytes["scheduler.last_epoch"] = []byte(fmt.Sprint(seed))
+	return s
+}
+
+// Shard splits the state over world ranks: tensors with rows are split by
+// rows, 0-dim tensors and bytes go to rank 0.
+func (s *State) Shard(world int) []*statedict.StateDict {
+	sds := make([]*statedict.StateDict, world)
+	for r := range sds {
+		sds[r] = statedict.New()
+		for k, t := range s.Tensors {
+			if len(t.Shape) == 0 {
+				if r == 0 {
+					sds[r].Tensors[k] = statedict.Whole(t)
+				}
+				continue
+			}
+			sds[r].Tensors[k] = statedict.RowShard(t, r, world)
+		}
+	}
+	for k, b := range s.Bytes {
+		sds[0].Bytes[k] = b
+	}
+	return sds
+}
+
+// Keys lists every key, sorted.
+func (s *State) Keys() []string {
+	var ks []string
+	for k := range s.Tensors {
+		ks = append(ks, k)
+	}
+	for k := range s.Bytes {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// SaveStep saves the state sharded over world ranks as run/step-NNNNNNNN.
+func SaveStep(t testing.TB, run *backend.Store, step int64, s *State, world int) *backend.Store {
+	t.Helper()
+	st, err := run.Sub(catalog.StepName(step))
+	require.NoError(t, err)
+	_, err = saver.SaveLocal(context.Background(), st, s.Shard(world), saver.Options{Iteration: step})
+	require.NoError(t, err)
+	return st
+}
+
+// RequireLoads reads every key of the checkpoint at st through the loader
+// and checks it against s bit for bit.
+func RequireLoads(t testing.TB, st *backend.Store, s *State) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	for k, want := range s.Tensors {
+		got, err := c.ReadTensor(ctx, k)
+		require.NoError(t, err, k)
+		require.Equal(t, want.DType, got.DType, k)
+		require.Equal(t, fmt.Sprint(want.Shape), fmt.Sprint(got.Shape), k)
+		require.Equal(t, want.Data, got.Data, k)
+	}
+	for k, want := range s.Bytes {
+		got, err := c.ReadBytes(ctx, k)
+		require.NoError(t, err, k)
+		require.Equal(t, want, got, k)
+	}
+}

@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# test-servers.sh - install, start and stop the local object-store servers the
+# S3 and GCS backend tests run against (versitygw for S3, fake-gcs-server for
+# GCS). Needs only Go (and gcc) on PATH.
+#
+#   eval "$(scripts/test-servers.sh start)"   # install if needed, start, print exports
+#   trap 'scripts/test-servers.sh stop' EXIT
+#   go test ./...
+#
+#   scripts/test-servers.sh install   # only build the binaries into the cache
+#   scripts/test-servers.sh env       # print the exports of the running servers
+#   scripts/test-servers.sh stop      # stop the servers by PID, remove the run dir
+#   scripts/test-servers.sh status    # exit 0 when both servers answer
+#
+# Binaries go to ${CKPTKIT_CACHE:-$HOME/.cache/ckptkit}/bin/<name>-<version>,
+# outside the clone, so a second run is instant. The run directory (PIDs, env
+# file, server logs, the S3 posix root) is $CKPTKIT_RUN_DIR, by default
+# $CKPTKIT_CACHE/run/<checksum of the clone's path>: one per clone.
+# Access keys are generated per run and live only in the run dir's env file.
+# Everything except the export lines goes to stderr, so eval sees only those.
+# SeaweedFS (WITH_SEAWEEDFS=1) is not supported yet.
+set -euo pipefail
+
+VERSITYGW_MOD=github.com/versity/versitygw/cmd/versitygw
+VERSITYGW_VER=v1.8.0
+FAKEGCS_MOD=github.com/fsouza/fake-gcs-server
+FAKEGCS_VER=v1.56.1
+BUCKET=${CKPTKIT_TEST_BUCKET:-ckpt-test}
+
+CACHE=${CKPTKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ckptkit}
+BIN_DIR=$CACHE/bin
+# One run dir per clone, so CI's fresh clone and a developer's tree on the
+# same machine do not stop each other's servers.
+CLONE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+RUN_DIR=${CKPTKIT_RUN_DIR:-$CACHE/run/$(printf '%s' "$CLONE_DIR" | cksum | cut -d' ' -f1)}
+ENV_FILE=$RUN_DIR/env.sh
+READY_TIMEOUT=${CKPTKIT_READY_TIMEOUT:-30}
+
+VERSITYGW_BIN=$BIN_DIR/versitygw-$VERSITYGW_VER
+FAKEGCS_BIN=$BIN_DIR/fake-gcs-server-$FAKEGCS_VER
+
+log() { printf 'test-servers: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# install_one MODULE@VERSION TARGET LOGFILE: go install into a private GOBIN,
+# then move the binary into place under its versioned name.
+install_one() {
+	local pkg=$1 target=$2 logf=$3 tmp
+	[[ -x $target ]] && return 0
+	tmp=$(mktemp -d "$BIN_DIR/.install.XXXXXX")
+	if ! GOBIN=$tmp GOFLAGS=-buildvcs=false go install "$pkg" >"$logf" 2>&1; then
+		rm -rf "$tmp"
+		log "go install $pkg failed; see $logf"
+		tail -n 20 "$logf" >&2 || true
+		return 1
+	fi
+	mv -f "$tmp"/* "$target"
+	rm -rf "$tmp"
+}
+
+cmd_install() {
+	command -v go >/dev/null || die "go is not on PATH"
+	mkdir -p "$BIN_DIR"
+	if [[ -x $VERSITYGW_BIN && -x $FAKEGCS_BIN ]]; then
+		return 0
+	fi
+	local t0=$SECONDS pids=() rc=0
+	log "installing servers into $BIN_DIR (first run only, about a minute)"
+	install_one "$VERSITYGW_MOD@$VERSITYGW_VER" "$VERSITYGW_BIN" "$BIN_DIR/install-versitygw.log" & pids+=($!)
+	install_one "$FAKEGCS_MOD@$FAKEGCS_VER" "$FAKEGCS_BIN" "$BIN_DIR/install-fake-gcs-server.log" & pids+=($!)
+	for p in "${pids[@]}"; do wait "$p" || rc=1; done
+	[[ $rc == 0 ]] || die "server install failed"
+	log "installed in $((SECONDS - t0))s"
+}
+
+# free_port prints a TCP port on 127.0.0.1 that nothing listens on now.
+free_port() {
+	local p
+	for _ in $(seq 1 200); do
+		p=$((20000 + RANDOM % 40000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	die "no free port found"
+}
+
+# wait_http URL PID NAME LOG: poll until the server answers HTTP (any status).
+wait_http() {
+	local url=$1 pid=$2 name=$3 logf=$4 deadline=$((SECONDS + READY_TIMEOUT))
+	while ((SECONDS < deadline)); do
+		kill -0 "$pid" 2>/dev/null || { tail -n 20 "$logf" >&2 || true; die "$name exited during startup; see $logf"; }
+		if curl_like "$url"; then return 0; fi
+		sleep 0.1
+	done
+	tail -n 20 "$logf" >&2 || true
+	die "$name not ready after ${READY_TIMEOUT}s; see $logf"
+}
+
+# curl_like URL: true when an HTTP server answers on URL. Uses curl when
+# present, else a raw request over bash's /dev/tcp.
+curl_like() {
+	local url=$1
+	if command -v curl >/dev/null; then
+		curl -s -o /dev/null --max-time 1 "$url"
+		return
+	fi
+	local hostport=${url#http://}
+	hostport=${hostport%%/*}
+	local path=/${url#http://*/}
+	local host=${hostport%:*} port=${hostport##*:} line
+	{ exec 3<>"/dev/tcp/$host/$port"; } 2>/dev/null || return 1
+	printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hostport" >&3
+	IFS= read -r -t 1 line <&3 || true
+	exec 3>&-
+	[[ $line == HTTP/* ]]
+}
+
+# spawn NAME CMD...: start CMD in its own session, logging to NAME.log, and
+# record its PID (written by the process itself, so it is right whether or
+# not setsid had to fork) in NAME.pid.
+spawn() {
+	local name=$1 pidf=$RUN_DIR/$1.pid
+	shift
+	rm -f "$pidf"
+	setsid bash -c 'echo $$ >"$0.tmp" && mv "$0.tmp" "$0" && exec "$@"' "$pidf" "$@" \
+		>"$RUN_DIR/$name.log" 2>&1 </dev/null &
+	for _ in $(seq 1 100); do
+		[[ -s $pidf ]] && return 0
+		sleep 0.05
+	done
+	die "$name did not start"
+}
+
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+cmd_start() {
+	if pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid" && [[ -f $ENV_FILE ]]; then
+		log "servers already running (run dir $RUN_DIR)"
+		cat "$ENV_FILE"
+		return 0
+	fi
+	cmd_stop
+	rm -rf "$RUN_DIR"
+	cmd_install
+	local t0=$SECONDS
+	mkdir -p "$RUN_DIR"
+	chmod 700 "$RUN_DIR"
+	local s3root=$RUN_DIR/s3root
+	mkdir -p "$s3root/$BUCKET"
+
+	local access secret
+	access=ck$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+	secret=$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')
+
+	local s3port gcsport
+	s3port=$(free_port)
+	gcsport=$(free_port)
+	while [[ $gcsport == "$s3port" ]]; do gcsport=$(free_port); done
+
+	# Whatever fails from here on stops what was started.
+	trap cmd_stop EXIT
+
+	# versitygw reads its keys from the environment so they stay out of ps.
+	ROOT_ACCESS_KEY=$access ROOT_SECRET_KEY=$secret \
+		spawn versitygw "$VERSITYGW_BIN" --port "127.0.0.1:$s3port" posix "$s3root"
+	spawn fake-gcs-server "$FAKEGCS_BIN" -scheme http -host 127.0.0.1 -port "$gcsport" \
+		-public-host "127.0.0.1:$gcsport" -backend memory -log-level warn
+
+	wait_http "http://127.0.0.1:$s3port/" "$(cat "$RUN_DIR/versitygw.pid")" versitygw "$RUN_DIR/versitygw.log"
+	wait_http "http://127.0.0.1:$gcsport/storage/v1/b" "$(cat "$RUN_DIR/fake-gcs-server.pid")" fake-gcs-server "$RUN_DIR/fake-gcs-server.log"
+
+	# The GCS bucket is made through the emulator's JSON API.
+	create_gcs_bucket "$gcsport"
+
+	umask 077
+	cat >"$ENV_FILE" <<ENV
+export CKPTKIT_TEST_S3_URL='s3://$BUCKET?endpoint=127.0.0.1:$s3port&insecure=true&path_style=true&region=us-east-1'
+export AWS_ACCESS_KEY_ID='$access'
+export AWS_SECRET_ACCESS_KEY='$secret'
+export AWS_REGION='us-east-1'
+export CKPTKIT_TEST_GCS_URL='gs://$BUCKET'
+export STORAGE_EMULATOR_HOST='127.0.0.1:$gcsport'
+ENV
+	trap - EXIT
+	log "started versitygw on 127.0.0.1:$s3port and fake-gcs-server on 127.0.0.1:$gcsport in $((SECONDS - t0))s (logs in $RUN_DIR)"
+	cat "$ENV_FILE"
+}
+
+create_gcs_bucket() {
+	local port=$1 body="{\"name\":\"$BUCKET\"}" status line
+	if command -v curl >/dev/null; then
+		status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+			-d "$body" "http://127.0.0.1:$port/storage/v1/b?project=ckptkit-test")
+	else
+		exec 3<>"/dev/tcp/127.0.0.1/$port"
+		printf 'POST /storage/v1/b?project=ckptkit-test HTTP/1.0\r\nHost: 127.0.0.1:%s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' \
+			"$port" "${#body}" "$body" >&3
+		IFS= read -r -t 5 line <&3 || true
+		exec 3>&-
+		status=$(awk '{print $2}' <<<"$line")
+	fi
+	case $status in
+	200 | 409) ;;
+	*) die "creating GCS bucket $BUCKET failed (HTTP $status)" ;;
+	esac
+}
+
+stop_one() {
+	local name=$1 pidf=$RUN_DIR/$1.pid pid
+	[[ -f $pidf ]] || return 0
+	pid=$(cat "$pidf")
+	if kill -0 "$pid" 2>/dev/null; then
+		kill "$pid" 2>/dev/null || true
+		for _ in $(seq 1 50); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+		log "stopped $name (pid $pid)"
+	fi
+	rm -f "$pidf"
+}
+
+# cmd_stop stops both servers and removes their data and the env file (it
+# holds the run's keys); the logs stay until the next start.
+cmd_stop() {
+	[[ -d $RUN_DIR ]] || return 0
+	stop_one versitygw
+	stop_one fake-gcs-server
+	rm -rf "$RUN_DIR/s3root" "$ENV_FILE"
+}
+
+cmd_env() {
+	[[ -f $ENV_FILE ]] || die "servers are not running; run: eval \"\$(scripts/test-servers.sh start)\""
+	cat "$ENV_FILE"
+}
+
+cmd_status() {
+	pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid"
+}
+
+case ${1:-} in
+install) cmd_install ;;
+start) cmd_start ;;
+stop) cmd_stop ;;
+env) cmd_env ;;
+status) cmd_status ;;
+*)
+	echo "usage: $0 install|start|stop|env|status" >&2
+	exit 2
+	;;
+esac

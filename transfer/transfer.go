@@ -1,0 +1,204 @@
+// Package transfer copies a committed checkpoint between any two stores
+// (fs -> s3, s3 -> gs, ...): data objects first, in parallel, streamed and
+// CRC-checked on the way, then the metadata object last, so an interrupted
+// copy never leaves a committed-looking checkpoint at the destination.
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// ErrDestinationCommitted is returned when the destination already holds a
+// committed checkpoint and Options.Force is not set.
+var ErrDestinationCommitted = errors.New("destination already holds a committed checkpoint")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Options tune a copy.
+type Options struct {
+	// Parallel bounds the objects copied at once (default 8).
+	Parallel int
+	// Force replaces a committed destination (its metadata is deleted
+	// first, so it is never half-valid).
+	Force bool
+	// Progress, when set, is called with the bytes copied so far and the
+	// total, from several goroutines.
+	Progress func(done, total int64)
+}
+
+// Result describes a finished copy.
+type Result struct {
+	Source      string        `json:"source"`
+	Destination string        `json:"destination"`
+	Format      string        `json:"format"`
+	Objects     int           `json:"objects"`
+	Bytes       int64         `json:"bytes"`
+	Duration    time.Duration `json:"duration_ns"`
+}
+
+// Copy copies the committed checkpoint at src to dst.
+func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, error) {
+	start := time.Now()
+	if opts.Parallel <= 0 {
+		opts.Parallel = 8
+	}
+	c, err := loader.Open(ctx, src)
+	if err != nil {
+		return nil, fmt.Errorf("copy %s: %w", src, err)
+	}
+	md := c.Metadata()
+	var total int64
+	for _, o := range md.Objects {
+		total += o.Size
+	}
+	if err := prepareDestination(ctx, dst, opts.Force); err != nil {
+		return nil, err
+	}
+
+	ranges := chunkRanges(md)
+	var done atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(opts.Parallel)
+	for _, o := range md.Objects {
+		g.Go(func() error {
+			rc, err := src.NewRangeReader(gctx, o.Key, 0, o.Size)
+			if err != nil {
+				return err
+			}
+			defer rc.Close()
+			r := &checkingReader{r: rc, ranges: ranges[o.Key], object: src.URL(o.Key), progress: func(n int) {
+				d := done.Add(int64(n))
+				if opts.Progress != nil {
+					opts.Progress(d, total)
+				}
+			}}
+			if err := dst.Put(gctx, o.Key, o.Size, r, backend.PutOptions{ContentType: "application/octet-stream"}); err != nil {
+				return fmt.Errorf("copy %s to %s: %w", src.URL(o.Key), dst.URL(o.Key), err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, fmt.Errorf("copy %s to %s: data incomplete, destination not committed: %w", src, dst, err)
+	}
+	raw := c.RawMetadata()
+	crc := crc32.Checksum(raw, castagnoli)
+	po := backend.PutOptions{CRC32C: &crc, IfNotExists: dst.Capabilities().CreateIfAbsent}
+	if err := dst.PutBytes(ctx, c.MetadataKey(), raw, po); err != nil {
+		return nil, fmt.Errorf("copy %s to %s: commit metadata: %w", src, dst, err)
+	}
+	return &Result{Source: src.String(), Destination: dst.String(), Format: c.FormatName(), Objects: len(md.Objects) + 1,
+		Bytes: total + int64(len(raw)), Duration: time.Since(start)}, nil
+}
+
+// prepareDestination refuses (or, forced, uncommits) a committed
+// destination of any known format.
+func prepareDestination(ctx context.Context, dst *backend.Store, force bool) error {
+	for _, f := range metadata.Formats() {
+		ok, err := dst.Exists(ctx, f.ObjectKey)
+		if err != nil {
+			return fmt.Errorf("copy to %s: %w", dst, err)
+		}
+		if !ok {
+			continue
+		}
+		if !force {
+			return fmt.Errorf("copy to %s: %w (%s); use --force to replace it", dst, ErrDestinationCommitted, dst.URL(f.ObjectKey))
+		}
+		if err := dst.Delete(ctx, f.ObjectKey); err != nil {
+			return fmt.Errorf("copy to %s: uncommit the old checkpoint: %w", dst, err)
+		}
+	}
+	return nil
+}
+
+// crcRange is a CRC-protected byte range of an object.
+type crcRange struct {
+	key            string
+	offset, length int64
+	crc            uint32
+}
+
+// chunkRanges lists, per object, the raw-encoded chunks and bytes entries
+// with their CRC32C, sorted by offset.
+func chunkRanges(md *metadata.Checkpoint) map[string][]crcRange {
+	out := map[string][]crcRange{}
+	for _, t := range md.Tensors {
+		for _, ch := range t.Chunks {
+			if ch.Encoding == metadata.EncodingRaw {
+				out[ch.Object] = append(out[ch.Object], crcRange{t.Key, ch.Offset, ch.Length, ch.CRC32C})
+			}
+		}
+	}
+	for _, b := range md.Bytes {
+		if b.Encoding == metadata.EncodingRaw {
+			out[b.Object] = append(out[b.Object], crcRange{b.Key, b.Offset, b.Length, b.CRC32C})
+		}
+	}
+	for _, rs := range out {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].offset < rs[j].offset })
+	}
+	return out
+}
+
+// checkingReader streams an object and checks the CRC32C of every range as
+// its last byte passes; a mismatch fails the read, so the destination Put
+// aborts and publishes nothing.
+type checkingReader struct {
+	r        io.Reader
+	ranges   []crcRange
+	object   string
+	progress func(int)
+	pos      int64
+	next     int    // first range not yet completed
+	crc      uint32 // running CRC of ranges[next]
+}
+
+func (c *checkingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		if cerr := c.check(p[:n]); cerr != nil {
+			return 0, cerr
+		}
+		c.progress(n)
+	}
+	return n, err
+}
+
+func (c *checkingReader) check(b []byte) error {
+	start, end := c.pos, c.pos+int64(len(b))
+	c.pos = end
+	for c.next < len(c.ranges) {
+		r := &c.ranges[c.next]
+		if r.offset >= end {
+			return nil
+		}
+		lo, hi := max(r.offset, start), min(r.offset+r.length, end)
+		if hi > lo {
+			c.crc = crc32.Update(c.crc, castagnoli, b[lo-start:hi-start])
+		}
+		if r.offset+r.length > end {
+			return nil // range continues in the next read
+		}
+		if c.crc != r.crc {
+			return fmt.Errorf("%w: key %q in object %s at offset %d (%d bytes): stored CRC32C %08x, computed %08x",
+				loader.ErrChecksum, r.key, c.object, r.offset, r.length, r.crc, c.crc)
+		}
+		c.next++
+		c.crc = 0
+	}
+	return nil
+}
