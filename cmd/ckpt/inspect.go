@@ -76,7 +76,7 @@ type inspectOutput struct {
 	Format        string                 `json:"format"`
 	Version       string                 `json:"version"`
 	Writer        string                 `json:"writer"`
-	CreatedAt     time.Time              `json:"created_at"`
+	CreatedAt     time.Time              `json:"created_at,omitzero"`
 	WorldSize     int                    `json:"world_size"`
 	MetadataKey   string                 `json:"metadata_key"`
 	MetadataBytes int                    `json:"metadata_bytes"`

@@ -14,7 +14,9 @@ import (
 	"os"
 
 	_ "github.com/ckptkit/ckptkit/backend/fs"
+	_ "github.com/ckptkit/ckptkit/backend/gcs"
 	_ "github.com/ckptkit/ckptkit/backend/mem"
+	_ "github.com/ckptkit/ckptkit/backend/s3"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
 	"github.com/ckptkit/ckptkit/plugins/host"
 )

@@ -14,7 +14,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTrainCmd(), newInspectCmd(), newVerifyCmd(), newConformanceCmd(), newLatestCmd(), newLsCmd(), newGCCmd(), newDiffCmd(), newConvertCmd(), newPluginsCmd())
+	root.AddCommand(newTrainCmd(), newInspectCmd(), newVerifyCmd(), newConformanceCmd(), newLatestCmd(), newLsCmd(), newGCCmd(), newDiffCmd(), newConvertCmd(), newPluginsCmd(), newCopyCmd())
 	addPluginFlag(root)
 	return root
 }
