@@ -537,3 +537,71 @@ func TestBucketlessURLKeepsItsSlashes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "mem:///x/k", sub.URL("k"))
 }
+
+// bodyIgnoringDriver publishes empty objects without reading their body, as
+// the S3 driver legitimately does.
+type bodyIgnoringDriver struct{ backend.Driver }
+
+func (d bodyIgnoringDriver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	if size == 0 {
+		return d.Driver.Put(ctx, key, 0, strings.NewReader(""), opts)
+	}
+	return d.Driver.Put(ctx, key, size, r, opts)
+}
+
+// Regression (found by the conformance suite on S3): declaring 0 bytes and
+// delivering 3 published an empty object when the driver never read the body.
+func TestDeclaredEmptyButLongSourceIsRefused(t *testing.T) {
+	ctx := context.Background()
+	st, err := backend.Open(ctx, "mem://")
+	require.NoError(t, err)
+	st = st.WithDriver(bodyIgnoringDriver{st.Driver()})
+	err = st.Put(ctx, "k", 0, strings.NewReader("abc"), backend.PutOptions{})
+	require.ErrorIs(t, err, backend.ErrSizeMismatch)
+	ok, err := st.Exists(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+// ctxDeafDriver ignores the caller's context, like an HTTP client that
+// only notices a cancellation when the response arrives.
+type ctxDeafDriver struct{ backend.Driver }
+
+func (d ctxDeafDriver) Put(_ context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	return d.Driver.Put(context.Background(), key, size, r, opts)
+}
+
+// cancelHalfway cancels its context after delivering half of data.
+type cancelHalfway struct {
+	data   []byte
+	pos    int
+	cancel context.CancelFunc
+}
+
+func (c *cancelHalfway) Read(p []byte) (int, error) {
+	if c.pos >= len(c.data) {
+		return 0, io.EOF
+	}
+	if c.pos >= len(c.data)/2 {
+		c.cancel()
+	}
+	n := copy(p[:min(len(p), 1024)], c.data[c.pos:])
+	c.pos += n
+	return n, nil
+}
+
+// Regression (found by the conformance suite on S3): a write cancelled
+// midway was published when the driver sent the rest of the body anyway.
+func TestCancelledMidBodyNeverPublishes(t *testing.T) {
+	st, err := backend.Open(context.Background(), "mem://")
+	require.NoError(t, err)
+	st = st.WithDriver(ctxDeafDriver{st.Driver()})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := bytes.Repeat([]byte("x"), 64<<10)
+	err = st.Put(ctx, "k", int64(len(body)), &cancelHalfway{data: body, cancel: cancel}, backend.PutOptions{})
+	require.ErrorIs(t, err, context.Canceled)
+	ok, err := st.Exists(context.Background(), "k")
+	require.NoError(t, err)
+	require.False(t, ok)
+}

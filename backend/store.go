@@ -267,7 +267,14 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 			}
 		}
 		first = false
-		sr := &sizedReader{r: r, remaining: size}
+		sr := &sizedReader{ctx: ctx, r: r, remaining: size}
+		if size == 0 {
+			// A driver may publish an empty object without reading the body
+			// at all, so an over-long source must be caught here, first.
+			if err := sr.checkExhausted(); err != io.EOF {
+				return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(err), Err: err}
+			}
+		}
 		err := s.drv.Put(ctx, full, size, sr, opts)
 		if sr.err != nil && err != nil {
 			// The source's failure is the cause; report it, classified.
@@ -288,8 +295,11 @@ func (s *Store) PutBytes(ctx context.Context, key string, data []byte, opts PutO
 }
 
 // sizedReader delivers exactly remaining bytes of r or fails with
-// ErrSizeMismatch: on an early EOF, and when r holds more than declared.
+// ErrSizeMismatch: on an early EOF, and when r holds more than declared. It
+// also stops the body as soon as ctx ends, so no driver can finish sending
+// (and publish) a write whose context was cancelled midway.
 type sizedReader struct {
+	ctx       context.Context
 	r         io.Reader
 	remaining int64
 	err       error
@@ -298,6 +308,10 @@ type sizedReader struct {
 func (z *sizedReader) Read(p []byte) (int, error) {
 	if z.err != nil {
 		return 0, z.err
+	}
+	if err := z.ctx.Err(); err != nil {
+		z.err = err
+		return 0, err
 	}
 	if z.remaining == 0 {
 		return 0, z.checkExhausted()

@@ -22,6 +22,7 @@ import (
 	"cloud.google.com/go/storage"
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/gcs"
+	"github.com/ckptkit/ckptkit/conformance"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/googleapi"
@@ -32,13 +33,13 @@ const urlEnv = "CKPTKIT_TEST_GCS_URL"
 
 // testURL returns the GCS URL under test, or skips (fails on CI) when the
 // test servers are not running.
-func testURL(t *testing.T) string {
+func testURL(t conformance.T) string {
 	t.Helper()
 	u := os.Getenv(urlEnv)
 	if u == "" {
 		msg := urlEnv + ` is unset; start the test servers with: eval "$(scripts/test-servers.sh start)"`
 		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
+			t.Fatalf("%s", msg)
 		}
 		t.Skip(msg)
 	}
@@ -46,7 +47,7 @@ func testURL(t *testing.T) string {
 }
 
 // withParams adds query parameters to the test URL.
-func withParams(t *testing.T, raw string, kv ...string) string {
+func withParams(t conformance.T, raw string, kv ...string) string {
 	t.Helper()
 	u, err := url.Parse(raw)
 	require.NoError(t, err)
@@ -62,7 +63,7 @@ var bucketOnce sync.Map // bucket -> error
 
 // openStore opens the test URL (plus params) under a fresh random prefix
 // and removes everything below it when the test ends.
-func openStore(t *testing.T, kv ...string) *backend.Store {
+func openStore(t conformance.T, kv ...string) *backend.Store {
 	t.Helper()
 	raw := withParams(t, testURL(t), kv...)
 	ctx := context.Background()

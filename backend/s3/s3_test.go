@@ -20,6 +20,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/s3"
+	"github.com/ckptkit/ckptkit/conformance"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/stretchr/testify/assert"
@@ -30,13 +31,13 @@ const urlEnv = "CKPTKIT_TEST_S3_URL"
 
 // testURL returns the S3 URL under test, or skips (fails on CI) when the
 // test servers are not running.
-func testURL(t *testing.T) string {
+func testURL(t conformance.T) string {
 	t.Helper()
 	u := os.Getenv(urlEnv)
 	if u == "" {
 		msg := urlEnv + ` is unset; start the test servers with: eval "$(scripts/test-servers.sh start)"`
 		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
+			t.Fatalf("%s", msg)
 		}
 		t.Skip(msg)
 	}
@@ -44,7 +45,7 @@ func testURL(t *testing.T) string {
 }
 
 // withParams adds query parameters to the test URL.
-func withParams(t *testing.T, raw string, kv ...string) string {
+func withParams(t conformance.T, raw string, kv ...string) string {
 	t.Helper()
 	u, err := url.Parse(raw)
 	require.NoError(t, err)
@@ -60,7 +61,7 @@ var bucketOnce sync.Map // bucket -> error
 
 // openStore opens the test URL (plus params) under a fresh random prefix
 // and removes everything below it when the test ends.
-func openStore(t *testing.T, kv ...string) *backend.Store {
+func openStore(t conformance.T, kv ...string) *backend.Store {
 	t.Helper()
 	raw := withParams(t, testURL(t), kv...)
 	ctx := context.Background()
