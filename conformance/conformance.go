@@ -328,6 +328,15 @@ const SummaryFileEnv = "CKPTKIT_CONFORMANCE_SUMMARY"
 // the file named by SummaryFileEnv if set, and exits with the tests' code.
 func Main(m *testing.M) {
 	code := m.Run()
+	ReportSummary()
+	os.Exit(code)
+}
+
+// ReportSummary prints the rows recorded by Run in this process to stdout
+// and appends them to the file named by $CKPTKIT_CONFORMANCE_SUMMARY, if
+// set. Main calls it; a package with a TestMain of its own calls it after
+// m.Run.
+func ReportSummary() {
 	PrintSummary(os.Stdout)
 	if path := os.Getenv(SummaryFileEnv); path != "" {
 		if f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
@@ -339,7 +348,6 @@ func Main(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "conformance: %v\n", err)
 		}
 	}
-	os.Exit(code)
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

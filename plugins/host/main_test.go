@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ckptkit/ckptkit/conformance"
 	"github.com/ckptkit/ckptkit/plugins/host"
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
@@ -41,6 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	conformance.ReportSummary()
 	host.CloseAll()
 	os.RemoveAll(dir)
 	os.Exit(code)
