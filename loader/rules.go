@@ -107,20 +107,16 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 				p.have = append(p.have, k)
 			}
 		}
-		// The checkpoint side too: a slot saved for a parameter whose other
-		// saved slots the target does not ask for is still partial state.
-		ckptParams := map[string][]string{}
-		forEachKey(md, func(k string) {
-			if fqn, _, ok := splitStateKey(k, statePrefix, opts.OptimizerSlots); ok {
-				ckptParams[fqn] = append(ckptParams[fqn], k)
-			}
-		})
+		// The checkpoint side too: every parameter with some saved state must
+		// have every slot that the checkpoint holds for any parameter, whether
+		// or not the target asks for it (corruption anywhere is refused).
+		ckptParams, observed := savedSlots(md, statePrefix, opts.OptimizerSlots)
 		fqns := make([]string, 0, len(params))
 		for f := range params {
 			fqns = append(fqns, f)
 		}
 		sort.Strings(fqns)
-		var partial []string
+		partialBy := map[string][]string{} // fqn -> missing keys
 		for _, fqn := range fqns {
 			p := params[fqn]
 			switch {
@@ -131,18 +127,30 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 					d.lazyKeys = append(d.lazyKeys, k)
 				}
 			case len(p.have) < len(p.want):
-				var missing []string
 				for _, k := range p.want {
 					if !has(k) {
-						missing = append(missing, k)
+						partialBy[fqn] = append(partialBy[fqn], k)
 					}
 				}
-				have := p.have
-				if len(have) == 0 {
-					have = ckptParams[fqn]
-				}
-				partial = append(partial, fmt.Sprintf("parameter %q has %s but lacks %s", fqn, strings.Join(have, ", "), strings.Join(missing, ", ")))
 			}
+		}
+		for fqn, saved := range ckptParams {
+			for _, slot := range observed {
+				k := statePrefix + fqn + "." + slot
+				if !slices.Contains(saved, slot) && !slices.Contains(partialBy[fqn], k) {
+					partialBy[fqn] = append(partialBy[fqn], k)
+				}
+			}
+		}
+		var partial []string
+		for _, fqn := range sortedKeys(partialBy) {
+			var have []string
+			for _, slot := range ckptParams[fqn] {
+				have = append(have, statePrefix+fqn+"."+slot)
+			}
+			missing := partialBy[fqn]
+			sort.Strings(missing)
+			partial = append(partial, fmt.Sprintf("parameter %q has %s but lacks %s", fqn, orNone(have), strings.Join(missing, ", ")))
 		}
 		if len(partial) > 0 {
 			return nil, fmt.Errorf("%w (corrupt or incomplete save; refusing to resume with zeroed state): %s", ErrPartialOptimizerState, strings.Join(partial, "; "))
@@ -241,6 +249,43 @@ func compare(md *metadata.Checkpoint, sd *statedict.StateDict, key string, rank 
 		return fmt.Sprintf("%q: rank %d target: %v", key, rank, err)
 	}
 	return ""
+}
+
+// savedSlots returns, per parameter, the optimizer slots the checkpoint
+// holds for it, and the slots (of slots, in that order) held for any
+// parameter: what every parameter with saved state must have.
+func savedSlots(md *metadata.Checkpoint, statePrefix string, slots []string) (map[string][]string, []string) {
+	per := map[string][]string{}
+	seen := map[string]bool{}
+	forEachKey(md, func(k string) {
+		if fqn, slot, ok := splitStateKey(k, statePrefix, slots); ok {
+			per[fqn] = append(per[fqn], slot)
+			seen[slot] = true
+		}
+	})
+	var observed []string
+	for _, s := range slots {
+		if seen[s] {
+			observed = append(observed, s)
+		}
+	}
+	return per, observed
+}
+
+func orNone(keys []string) string {
+	if len(keys) == 0 {
+		return "no saved slot"
+	}
+	return strings.Join(keys, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func forEachKey(md *metadata.Checkpoint, fn func(string)) {

@@ -133,12 +133,9 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 
 	// Optimizer state: partial, lazily absent, layout.
 	statePrefix := prefix + ".state."
-	params := map[string][]string{}
-	forEachKey(md, func(k string) {
-		if fqn, slot, ok := splitStateKey(k, statePrefix, slots); ok {
-			params[fqn] = append(params[fqn], slot)
-		}
-	})
+	// A parameter with some saved state must have every slot saved for
+	// any parameter (slots no parameter has are not this optimizer's).
+	params, observed := savedSlots(md, statePrefix, slots)
 	switch md.Training.Optimizer {
 	case metadata.OptimizerOmitted:
 		rep.Info = append(rep.Info, Finding{Rule: RuleOptimizerOmitted, Message: "optimizer state was deliberately not saved; a resume restores iteration and scheduler and starts the optimizer fresh"})
@@ -151,7 +148,7 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 		for _, fqn := range fqns {
 			have := params[fqn]
 			var missing []string
-			for _, s := range slots {
+			for _, s := range observed {
 				if !contains(have, s) {
 					missing = append(missing, statePrefix+fqn+"."+s)
 				}

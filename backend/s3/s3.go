@@ -35,6 +35,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -143,6 +144,9 @@ type Driver struct {
 	client    *minio.Client
 	core      minio.Core
 	transport *http.Transport
+	// sweeps are background re-aborts of failed multipart uploads; Close
+	// waits for them.
+	sweeps sync.WaitGroup
 }
 
 var _ backend.Driver = (*Driver)(nil)
@@ -303,6 +307,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 
 // Close releases idle connections.
 func (d *Driver) Close() error {
+	d.WaitAborts()
 	d.transport.CloseIdleConnections()
 	return nil
 }
@@ -521,9 +526,7 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	}
 	defer func() {
 		if err != nil {
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
-			defer cancel()
-			if aerr := d.core.AbortMultipartUpload(actx, d.bucket, key, uploadID); aerr != nil {
+			if aerr := d.abortUpload(context.WithoutCancel(ctx), key, uploadID); aerr != nil {
 				err = fmt.Errorf("%w (abort of upload also failed: %v)", err, aerr)
 			}
 		}
@@ -581,6 +584,39 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	if _, err := d.core.CompleteMultipartUpload(ctx, d.bucket, key, uploadID, parts, copts); err != nil {
 		return fmt.Errorf("s3: put %s: complete multipart upload: %w", key, err)
 	}
+	return nil
+}
+
+// WaitAborts waits for the background re-aborts of failed multipart
+// uploads (at most a few seconds). Close calls it.
+func (d *Driver) WaitAborts() { d.sweeps.Wait() }
+
+// abortUpload aborts a multipart upload. A part request the client
+// cancelled may still be running on the server and recreate the upload
+// after the abort (S3 documents that an abort may have to be repeated), so
+// a bounded background sweep aborts it again a few times; Close waits for
+// it. The failed Put itself returns right after the first abort.
+func (d *Driver) abortUpload(ctx context.Context, key, uploadID string) error {
+	actx, cancel := context.WithTimeout(ctx, abortTimeout)
+	err := d.core.AbortMultipartUpload(actx, d.bucket, key, uploadID)
+	cancel()
+	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
+		return err
+	}
+	d.sweeps.Add(1)
+	go func() {
+		defer d.sweeps.Done()
+		sctx, cancel := context.WithTimeout(ctx, abortTimeout)
+		defer cancel()
+		for _, delay := range []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, time.Second} {
+			select {
+			case <-sctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			_ = d.core.AbortMultipartUpload(sctx, d.bucket, key, uploadID)
+		}
+	}()
 	return nil
 }
 

@@ -510,6 +510,7 @@ func TestCancelMidUploadPublishesNothing(t *testing.T) {
 func assertNoIncompleteUploads(t *testing.T, st *backend.Store) {
 	t.Helper()
 	d := st.Driver().(*s3.Driver)
+	d.WaitAborts()
 	var left []string
 	for u := range d.Client().ListIncompleteUploads(context.Background(), d.Bucket(), st.Prefix(), true) {
 		if u.Err != nil {
