@@ -1,0 +1,44 @@
+package loader_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/loader"
+)
+
+func verifyRules(t *testing.T, st *backend.Store, deep bool) []string {
+	t.Helper()
+	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: deep})
+	require.NoError(t, err)
+	var rules []string
+	for _, p := range rep.Problems {
+		rules = append(rules, p.Rule)
+	}
+	require.Equal(t, len(rules) == 0, rep.Resumable)
+	return rules
+}
+
+func TestVerifyMissingAndResizedObjects(t *testing.T) {
+	ctx := context.Background()
+	st, _ := modesState(t, "verify-objects")
+	require.Empty(t, verifyRules(t, st, true))
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	objs := c.Metadata().Objects
+	require.GreaterOrEqual(t, len(objs), 2)
+
+	// One object shorter than the metadata says.
+	data, err := st.ReadAll(ctx, objs[0].Key, 0)
+	require.NoError(t, err)
+	require.NoError(t, st.PutBytes(ctx, objs[0].Key, data[:len(data)-1], backend.PutOptions{}))
+	// Another one gone (a rank's file never arrived).
+	require.NoError(t, st.Delete(ctx, objs[1].Key))
+
+	require.ElementsMatch(t, []string{loader.RuleObjectSize, loader.RuleMissingObject}, verifyRules(t, st, false))
+	// A deep verify does not read objects already known to be damaged.
+	require.ElementsMatch(t, []string{loader.RuleObjectSize, loader.RuleMissingObject}, verifyRules(t, st, true))
+}
