@@ -25,13 +25,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"cloud.google.com/go/storage"
 	"github.com/ckptkit/ckptkit/backend"
@@ -334,25 +332,10 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 	}
 	var ge *googleapi.Error
 	if errors.As(err, &ge) {
-		switch {
-		case ge.Code == http.StatusNotFound:
-			return backend.CodeNotFound
-		case ge.Code == http.StatusPreconditionFailed:
-			return backend.CodeAlreadyExists
-		case ge.Code == http.StatusForbidden, ge.Code == http.StatusUnauthorized:
+		if ge.Code == http.StatusUnauthorized {
 			return backend.CodePermission
-		case ge.Code == http.StatusTooManyRequests, ge.Code == http.StatusRequestTimeout, ge.Code >= 500:
-			return backend.CodeTransient
 		}
-		return backend.CodeUnknown
+		return backend.CodeForHTTPStatus(ge.Code)
 	}
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, syscall.ECONNREFUSED) {
-		return backend.CodeTransient
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return backend.CodeTransient
-	}
-	return backend.CodeUnknown
+	return backend.NetworkErrorCode(err)
 }

@@ -29,14 +29,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -738,27 +736,9 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 		case minio.NotImplemented:
 			return backend.CodeUnsupported
 		}
-		switch {
-		case er.StatusCode == http.StatusNotFound:
-			return backend.CodeNotFound
-		case er.StatusCode == http.StatusPreconditionFailed:
-			return backend.CodeAlreadyExists
-		case er.StatusCode == http.StatusForbidden:
-			return backend.CodePermission
-		case er.StatusCode == http.StatusTooManyRequests, er.StatusCode == http.StatusRequestTimeout, er.StatusCode >= 500:
-			return backend.CodeTransient
-		}
-		return backend.CodeUnknown
+		return backend.CodeForHTTPStatus(er.StatusCode)
 	}
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, syscall.ECONNREFUSED) {
-		return backend.CodeTransient
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return backend.CodeTransient
-	}
-	return backend.CodeUnknown
+	return backend.NetworkErrorCode(err)
 }
 
 // Client returns the underlying minio-go client, for operations the Driver

@@ -1,0 +1,63 @@
+package backend_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/ckptkit/ckptkit/backend"
+)
+
+func TestCodeForHTTPStatus(t *testing.T) {
+	for status, want := range map[int]backend.Code{
+		200: backend.CodeUnknown,
+		400: backend.CodeUnknown,
+		401: backend.CodeUnknown,
+		403: backend.CodePermission,
+		404: backend.CodeNotFound,
+		408: backend.CodeTransient,
+		409: backend.CodeUnknown,
+		412: backend.CodeAlreadyExists,
+		429: backend.CodeTransient,
+		500: backend.CodeTransient,
+		502: backend.CodeTransient,
+		503: backend.CodeTransient,
+		599: backend.CodeTransient,
+	} {
+		assert.Equal(t, want, backend.CodeForHTTPStatus(status), "status %d", status)
+	}
+}
+
+// timeoutErr is a net.Error whose Timeout is configurable.
+type timeoutErr struct{ timeout bool }
+
+func (e timeoutErr) Error() string   { return "net op failed" }
+func (e timeoutErr) Timeout() bool   { return e.timeout }
+func (e timeoutErr) Temporary() bool { return false }
+
+func TestNetworkErrorCode(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want backend.Code
+	}{
+		{nil, backend.CodeUnknown},
+		{errors.New("plain"), backend.CodeUnknown},
+		{syscall.ECONNRESET, backend.CodeTransient},
+		{syscall.ECONNABORTED, backend.CodeTransient},
+		{syscall.EPIPE, backend.CodeTransient},
+		{syscall.ECONNREFUSED, backend.CodeTransient},
+		{syscall.ENOENT, backend.CodeUnknown},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, backend.CodeTransient},
+		{fmt.Errorf("read: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}), backend.CodeTransient},
+		{fmt.Errorf("wrapped: %w", timeoutErr{timeout: true}), backend.CodeTransient},
+		{timeoutErr{timeout: false}, backend.CodeUnknown},
+		{os.ErrDeadlineExceeded, backend.CodeTransient},
+	} {
+		assert.Equal(t, tc.want, backend.NetworkErrorCode(tc.err), "%v", tc.err)
+	}
+}
