@@ -598,9 +598,11 @@ func (d *Driver) abortUpload(ctx context.Context, key, uploadID string) error {
 	actx, cancel := context.WithTimeout(ctx, abortTimeout)
 	err := d.core.AbortMultipartUpload(actx, d.bucket, key, uploadID)
 	cancel()
-	if err != nil && minio.ToErrorResponse(err).Code != "NoSuchUpload" {
-		return err
+	if err != nil && minio.ToErrorResponse(err).Code == "NoSuchUpload" {
+		err = nil
 	}
+	// Sweep even when the first abort failed (a 500 while a cancelled part
+	// is still being written was seen on versitygw): the sweep retries it.
 	d.sweeps.Add(1)
 	go func() {
 		defer d.sweeps.Done()
@@ -615,7 +617,7 @@ func (d *Driver) abortUpload(ctx context.Context, key, uploadID string) error {
 			_ = d.core.AbortMultipartUpload(sctx, d.bucket, key, uploadID)
 		}
 	}()
-	return nil
+	return err
 }
 
 // readPart fills buf from r. Unlike io.ReadFull it keeps an error that
