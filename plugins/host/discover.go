@@ -58,7 +58,16 @@ type Config struct {
 	// means 100ms.
 	RestartAttempts int
 	RestartBackoff  time.Duration
+	// ForceStreaming keeps read and write bodies on the gRPC streams even
+	// where the shared-memory bulk path is available (see
+	// docs/PLUGINS.md). The environment variable EnvForceStreaming set to
+	// "1" does the same.
+	ForceStreaming bool
 }
+
+// EnvForceStreaming, set to "1", disables the shared-memory bulk path for
+// every plugin, as Config.ForceStreaming does.
+const EnvForceStreaming = "CKPTKIT_PLUGIN_FORCE_STREAMING"
 
 func (c Config) withDefaults() Config {
 	if c.LockFile == "" {
@@ -75,6 +84,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RestartBackoff <= 0 {
 		c.RestartBackoff = 100 * time.Millisecond
+	}
+	if os.Getenv(EnvForceStreaming) == "1" {
+		c.ForceStreaming = true
 	}
 	return c
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/plugins/internal/shm"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	pb "github.com/ckptkit/ckptkit/plugins/proto"
 )
@@ -90,14 +91,22 @@ func capsFromPB(c *pb.Caps) backend.Capabilities {
 }
 
 // NewRangeReader implements backend.Driver. It waits for the plugin's first
-// frame, so a missing key fails here and not on the first Read.
+// frame, so a missing key fails here and not on the first Read. Ranges of
+// unknown or at least shmThreshold bytes go over the shared-memory path
+// when the plugin process accepted it.
 func (d *driver) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
 	in, h, err := d.bind(ctx)
 	if err != nil {
 		return nil, err
 	}
+	req := &pb.ReadRequest{Handle: h, Key: key, Offset: offset, Length: length}
+	if length < 0 || length >= shmThreshold {
+		if seg := in.sharedMemory(); seg != nil {
+			return d.readShm(ctx, in, seg, req)
+		}
+	}
 	cctx, cancel := in.callCtx(ctx)
-	stream, err := in.rpc.Read(cctx, &pb.ReadRequest{Handle: h, Key: key, Offset: offset, Length: length})
+	stream, err := in.rpc.Read(cctx, req)
 	if err != nil {
 		cancel()
 		return nil, d.p.convert(ctx, in, "read", err, crashRetryable)
@@ -110,19 +119,26 @@ func (d *driver) NewRangeReader(ctx context.Context, key string, offset, length 
 		}
 		return nil, d.p.convert(ctx, in, "read", err, crashRetryable)
 	}
-	return &reader{d: d, in: in, ctx: ctx, stream: stream, cancel: cancel, buf: first.GetData()}, nil
+	return &reader{d: d, in: in, ctx: ctx, cctx: cctx, recv: stream.Recv, cancel: cancel, buf: first.GetData(), slot: -1}, nil
 }
 
-// reader streams a range. Its stream (and the context watching the plugin
-// process) are released at EOF, on error and on Close.
+// reader reads a range from a Read or ReadShm stream. Its stream (and the
+// context watching the plugin process) are released at EOF, on error and
+// on Close, as is its reference on the shared segment.
 type reader struct {
 	d      *driver
 	in     *instance
-	ctx    context.Context
-	stream pb.Storage_ReadClient
+	ctx    context.Context // the caller's
+	cctx   context.Context // the call's: ctx, ended also by the plugin's exit
+	recv   func() (*pb.ReadChunk, error)
 	cancel context.CancelFunc
 	buf    []byte
 	err    error
+
+	// The shared-memory path: seg is nil on a plain Read stream.
+	seg  *shm.Segment
+	ack  func(slot uint32) error
+	slot int64 // read slot buf points into, -1 for none
 }
 
 // Read implements io.Reader.
@@ -131,29 +147,78 @@ func (r *reader) Read(p []byte) (int, error) {
 		if r.err != nil {
 			return 0, r.err
 		}
-		msg, err := r.stream.Recv()
+		r.release()
+		msg, err := r.recv()
 		switch {
 		case err == io.EOF:
-			r.err = io.EOF
-			r.cancel()
+			r.end(io.EOF)
 		case err != nil:
-			r.err = r.d.p.convert(r.ctx, r.in, "read", err, crashRetryable)
-			r.cancel()
+			r.end(r.d.p.convert(r.ctx, r.in, "read", err, crashRetryable))
 		default:
-			r.buf = msg.GetData()
+			r.take(msg)
 		}
 	}
 	n := copy(p, r.buf)
+	if r.slot >= 0 && r.cctx.Err() != nil {
+		// The call ended during the copy: the plugin may have reused the
+		// slot under it, so these bytes are not trusted.
+		r.end(r.d.p.convert(r.ctx, r.in, "read", context.Cause(r.cctx), crashRetryable))
+		return 0, r.err
+	}
 	r.buf = r.buf[n:]
+	if len(r.buf) == 0 {
+		r.release() // let the plugin refill the slot while the caller works
+	}
 	return n, nil
+}
+
+// take accepts a chunk: inline bytes, or a bounds-checked read slot.
+func (r *reader) take(msg *pb.ReadChunk) {
+	ref := msg.GetShm()
+	if ref == nil {
+		r.buf = msg.GetData()
+		return
+	}
+	if r.seg == nil || len(msg.GetData()) > 0 {
+		r.end(&CallError{Plugin: r.d.p.Name, Op: "read", Code: backend.CodeUnknown, Err: errors.New("plugin sent a malformed read chunk")})
+		return
+	}
+	b, err := r.seg.ReadRef(ref.GetSlot(), ref.GetLength())
+	if err != nil {
+		r.end(&CallError{Plugin: r.d.p.Name, Op: "read", Code: backend.CodeUnknown, Err: fmt.Errorf("plugin sent a bad read chunk: %w", err)})
+		return
+	}
+	r.buf, r.slot = b, int64(ref.GetSlot())
+}
+
+// release acknowledges the read slot the drained buffer pointed into. A
+// failed acknowledgement means the stream ended; the next receive reports
+// why.
+func (r *reader) release() {
+	if r.slot < 0 {
+		return
+	}
+	slot := uint32(r.slot)
+	r.slot = -1
+	_ = r.ack(slot)
+}
+
+// end finishes the reader with err: the call and the segment reference
+// are released and no slot is read any more.
+func (r *reader) end(err error) {
+	r.err = err
+	r.buf, r.slot = nil, -1
+	r.cancel()
+	if r.seg != nil {
+		r.seg.Release()
+		r.seg = nil
+	}
 }
 
 // Close implements io.Closer; it cancels the stream if still open.
 func (r *reader) Close() error {
-	r.cancel()
-	r.buf = nil
 	if r.err == nil {
-		r.err = errors.New("read from a closed reader")
+		r.end(errors.New("read from a closed reader"))
 	}
 	return nil
 }
@@ -172,6 +237,14 @@ func (d *driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	in, h, err := d.bind(ctx)
 	if err != nil {
 		return err
+	}
+	if size >= shmThreshold {
+		if seg := in.sharedMemory(); seg != nil {
+			defer seg.Release()
+			if slots := in.putPool.TryGet(putSlotsPerCall); len(slots) > 0 {
+				return d.putShm(ctx, in, seg, slots, h, key, size, r, opts)
+			}
+		}
 	}
 	cctx, cancel := in.callCtx(ctx)
 	defer cancel()

@@ -55,13 +55,15 @@ func open(t testing.TB, url string) *backend.Store {
 	return st
 }
 
-func TestDiscoverAndRoundTrip(t *testing.T) {
+func TestDiscoverAndRoundTrip(t *testing.T) { bothPaths(t, testDiscoverAndRoundTrip) }
+
+func testDiscoverAndRoundTrip(t *testing.T, streaming bool) {
 	dir := pluginDir(t, "memplugin")
 	sum := sha256File(t, filepath.Join(dir, "memplugin"))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, host.LockFileName), []byte("# pins\n"+sum+"  memplugin\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "README"), []byte("not a plugin"), 0o644))
 
-	ps := discover(t, host.Config{Dir: dir, RequirePins: true})
+	ps := discover(t, host.Config{Dir: dir, RequirePins: true, ForceStreaming: streaming})
 	require.Len(t, ps, 1)
 	p := ps[0]
 	assert.Equal(t, "memplugin", p.Name)
@@ -161,8 +163,10 @@ func TestDiscoverAndRoundTrip(t *testing.T) {
 	assert.ErrorIs(t, err, backend.ErrNotFound)
 }
 
-func TestLargeObject(t *testing.T) {
-	discover(t, host.Config{Dir: pluginDir(t, "memplugin")})
+func TestLargeObject(t *testing.T) { bothPaths(t, testLargeObject) }
+
+func testLargeObject(t *testing.T, streaming bool) {
+	discover(t, host.Config{Dir: pluginDir(t, "memplugin"), ForceStreaming: streaming})
 	st := open(t, "memplug://large/run")
 	ctx := context.Background()
 	data := randomBytes(64<<20, 1)
@@ -178,8 +182,10 @@ func TestLargeObject(t *testing.T) {
 	assert.True(t, bytes.Equal(data[40<<20+7:43<<20+7], part))
 }
 
-func TestCancelledRead(t *testing.T) {
-	discover(t, host.Config{Dir: pluginDir(t, "memplugin")})
+func TestCancelledRead(t *testing.T) { bothPaths(t, testCancelledRead) }
+
+func testCancelledRead(t *testing.T, streaming bool) {
+	discover(t, host.Config{Dir: pluginDir(t, "memplugin"), ForceStreaming: streaming})
 	st := open(t, "memplug://cancel/r")
 	require.NoError(t, st.PutBytes(context.Background(), "big", randomBytes(32<<20, 2), backend.PutOptions{}))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -230,9 +236,11 @@ func (s *blockingSource) Read(p []byte) (int, error) {
 	return 0, errors.New("source released")
 }
 
-func TestCancelledWriteStopsPlugin(t *testing.T) {
+func TestCancelledWriteStopsPlugin(t *testing.T) { bothPaths(t, testCancelledWriteStopsPlugin) }
+
+func testCancelledWriteStopsPlugin(t *testing.T, streaming bool) {
 	logs := &logBuffer{}
-	discover(t, host.Config{Dir: pluginDir(t, "memplugin"), Logger: testLogger(logs)})
+	discover(t, host.Config{Dir: pluginDir(t, "memplugin"), Logger: testLogger(logs), ForceStreaming: streaming})
 	st := open(t, "memplug://cancel/w")
 
 	t.Run("source honours ctx: call returns at once", func(t *testing.T) {
@@ -275,7 +283,11 @@ func TestCancelledWriteStopsPlugin(t *testing.T) {
 }
 
 func TestTruncatedWriteStreamIsNotPublished(t *testing.T) {
-	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin")})
+	bothPaths(t, testTruncatedWriteStreamIsNotPublished)
+}
+
+func testTruncatedWriteStreamIsNotPublished(t *testing.T, streaming bool) {
+	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin"), ForceStreaming: streaming})
 	ctx := context.Background()
 	raw, err := host.RawClient(ctx, ps[0])
 	require.NoError(t, err)
@@ -285,50 +297,121 @@ func TestTruncatedWriteStreamIsNotPublished(t *testing.T) {
 
 	body := randomBytes(3<<20+5, 5)
 	sum := crc(body)
-	data := func(b []byte) *pb.PutFrame { return &pb.PutFrame{Frame: &pb.PutFrame_Data{Data: &pb.PutData{Data: b}}} }
 	commit := func(n int64, c uint32) *pb.PutFrame {
 		return &pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: &pb.PutCommit{Count: n, Crc32C: c}}}
 	}
-	send := func(key string, frames ...*pb.PutFrame) error {
-		stream, err := raw.Put(ctx)
-		require.NoError(t, err)
+	// A stream of frames, sent on Put (data inline) or, with the shared
+	// segment, on PutShm (data in put slots 0, 1, 2, ...).
+	type stream interface {
+		Send(*pb.PutFrame) error
+		CloseSend() error
+	}
+	send := func(useShm bool, key string, frames ...*pb.PutFrame) error {
+		var s stream
+		var finish func() error
+		if useShm {
+			ps, err := raw.PutShm(ctx)
+			require.NoError(t, err)
+			s, finish = ps, func() error {
+				_ = ps.CloseSend()
+				for {
+					if _, err := ps.Recv(); err != nil {
+						if err == io.EOF {
+							return nil
+						}
+						return err
+					}
+				}
+			}
+		} else {
+			ps, err := raw.Put(ctx)
+			require.NoError(t, err)
+			s, finish = ps, func() error { _, err := ps.CloseAndRecv(); return err }
+		}
 		hdr := &pb.PutFrame{Frame: &pb.PutFrame_Header{Header: &pb.PutHeader{Handle: opened.GetHandle(), Key: key, Size: int64(len(body))}}}
 		for _, f := range append([]*pb.PutFrame{hdr}, frames...) {
-			if err := stream.Send(f); err != nil {
-				break // the plugin ended the stream; CloseAndRecv has its status
+			if err := s.Send(f); err != nil {
+				break // the plugin ended the stream; its status follows
 			}
 		}
-		_, err = stream.CloseAndRecv()
-		return err
+		return finish()
 	}
-	chunks := []*pb.PutFrame{data(body[:1<<20]), data(body[1<<20 : 2<<20]), data(body[2<<20:])}
-
-	for name, frames := range map[string][]*pb.PutFrame{
-		"all data, no commit":     chunks,
-		"half the data":           chunks[:1],
-		"wrong CRC":               append(append([]*pb.PutFrame{}, chunks...), commit(int64(len(body)), sum+1)),
-		"wrong count":             append(append([]*pb.PutFrame{}, chunks...), commit(int64(len(body))+1, sum)),
-		"early commit":            append(append([]*pb.PutFrame{}, chunks[:2]...), commit(2<<20, crc(body[:2<<20]))),
-		"data beyond the size":    append(append([]*pb.PutFrame{}, chunks...), data([]byte("x")), commit(int64(len(body))+1, sum)),
-		"oversized frame (5 MiB)": {data(make([]byte, 5<<20))},
-	} {
-		t.Run(name, func(t *testing.T) {
-			key := strings.ReplaceAll(name, " ", "-")
-			assert.Error(t, send(key, frames...))
-			_, err := st.Stat(ctx, key)
-			assert.ErrorIs(t, err, backend.ErrNotFound, "a broken write stream was published")
+	modes := []bool{false}
+	if !streaming {
+		modes = append(modes, true)
+	}
+	for _, useShm := range modes {
+		nextSlot := uint32(0)
+		// data places b inline, or in the next put slot.
+		data := func(b []byte) *pb.PutFrame {
+			if !useShm {
+				return &pb.PutFrame{Frame: &pb.PutFrame_Data{Data: &pb.PutData{Data: b}}}
+			}
+			slot, err := host.RawPutSlot(ctx, ps[0], nextSlot%8)
+			require.NoError(t, err)
+			copy(slot, b)
+			ref := &pb.ShmRef{Slot: nextSlot % 8, Length: uint32(len(b))}
+			nextSlot++
+			return &pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: ref}}
+		}
+		shmRef := func(slot, n uint32) *pb.PutFrame {
+			return &pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: &pb.ShmRef{Slot: slot, Length: n}}}
+		}
+		cases := []struct {
+			name   string
+			frames func() []*pb.PutFrame
+		}{
+			{"all data, no commit", func() []*pb.PutFrame {
+				return []*pb.PutFrame{data(body[:1<<20]), data(body[1<<20 : 2<<20]), data(body[2<<20:])}
+			}},
+			{"half the data", func() []*pb.PutFrame { return []*pb.PutFrame{data(body[:1<<20])} }},
+			{"wrong CRC", func() []*pb.PutFrame {
+				return []*pb.PutFrame{data(body[:1<<20]), data(body[1<<20 : 2<<20]), data(body[2<<20:]), commit(int64(len(body)), sum+1)}
+			}},
+			{"wrong count", func() []*pb.PutFrame {
+				return []*pb.PutFrame{data(body[:1<<20]), data(body[1<<20 : 2<<20]), data(body[2<<20:]), commit(int64(len(body))+1, sum)}
+			}},
+			{"early commit", func() []*pb.PutFrame {
+				return []*pb.PutFrame{data(body[:1<<20]), data(body[1<<20 : 2<<20]), commit(2<<20, crc(body[:2<<20]))}
+			}},
+			{"data beyond the size", func() []*pb.PutFrame {
+				return []*pb.PutFrame{data(body[:1<<20]), data(body[1<<20 : 2<<20]), data(body[2<<20:]), data([]byte("x")), commit(int64(len(body))+1, sum)}
+			}},
+			{"oversized frame (5 MiB)", func() []*pb.PutFrame {
+				if useShm {
+					return []*pb.PutFrame{shmRef(0, 4<<20+1)} // beyond the 4 MiB slot
+				}
+				return []*pb.PutFrame{data(make([]byte, 5<<20))}
+			}},
+			{"slot outside the segment", func() []*pb.PutFrame { return []*pb.PutFrame{shmRef(8, 1)} }},
+			{"huge slot number", func() []*pb.PutFrame { return []*pb.PutFrame{shmRef(1<<31, 1<<20)} }},
+		}
+		for _, tc := range cases {
+			if !useShm && strings.Contains(tc.name, "slot") {
+				// A shared-memory frame on the plain Put stream is refused too.
+				tc.name = "plain stream: " + tc.name
+			}
+			t.Run(fmt.Sprintf("shm=%v/%s", useShm, tc.name), func(t *testing.T) {
+				key := fmt.Sprintf("shm%v-%s", useShm, strings.NewReplacer(" ", "-", ",", "", "(", "", ")", "", ":", "").Replace(tc.name))
+				assert.Error(t, send(useShm, key, tc.frames()...))
+				_, err := st.Stat(ctx, key)
+				assert.ErrorIs(t, err, backend.ErrNotFound, "a broken write stream was published")
+			})
+		}
+		t.Run(fmt.Sprintf("shm=%v/complete stream is published", useShm), func(t *testing.T) {
+			key := fmt.Sprintf("complete-%v", useShm)
+			require.NoError(t, send(useShm, key, data(body[:1<<20]), data(body[1<<20:2<<20]), data(body[2<<20:]), commit(int64(len(body)), sum)))
+			got, err := st.ReadAll(ctx, key, 0)
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(body, got))
 		})
 	}
-	t.Run("complete stream is published", func(t *testing.T) {
-		require.NoError(t, send("complete", append(append([]*pb.PutFrame{}, chunks...), commit(int64(len(body)), sum))...))
-		got, err := st.ReadAll(ctx, "complete", 0)
-		require.NoError(t, err)
-		assert.True(t, bytes.Equal(body, got))
-	})
 }
 
-func TestPluginKilledMidReadRestarts(t *testing.T) {
-	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin"), Logger: hclog.NewNullLogger()})
+func TestPluginKilledMidReadRestarts(t *testing.T) { bothPaths(t, testPluginKilledMidReadRestarts) }
+
+func testPluginKilledMidReadRestarts(t *testing.T, streaming bool) {
+	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin"), Logger: hclog.NewNullLogger(), ForceStreaming: streaming})
 	p := ps[0]
 	st := open(t, "memplug://crash/r")
 	ctx := context.Background()
@@ -392,7 +475,11 @@ func (s *seekableBlocking) Seek(off int64, whence int) (int64, error) {
 }
 
 func TestPluginKilledMidWriteIsNotReplayed(t *testing.T) {
-	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin"), Logger: hclog.NewNullLogger()})
+	bothPaths(t, testPluginKilledMidWriteIsNotReplayed)
+}
+
+func testPluginKilledMidWriteIsNotReplayed(t *testing.T, streaming bool) {
+	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin"), Logger: hclog.NewNullLogger(), ForceStreaming: streaming})
 	st := open(t, "memplug://crash/w")
 	ctx := context.Background()
 	src := &seekableBlocking{Reader: bytes.NewReader(randomBytes(4<<20, 7)), head: 2 << 20, reached: make(chan struct{}), release: make(chan struct{})}
@@ -526,4 +613,54 @@ func TestPluginDiesWithHost(t *testing.T) {
 	require.NoError(t, err, "helper said %q", out.String())
 	assert.Eventually(t, func() bool { return !processAlive(pid) }, 5*time.Second, 20*time.Millisecond,
 		"plugin %d outlived its host", pid)
+}
+
+// TestSharedMemoryConcurrencyAndSlots runs more concurrent writes and reads
+// than there are slots, so some take the inline fallback, checks every
+// byte, and checks that every put slot is free again afterwards; then a
+// cancelled write, after which writes still work.
+func TestSharedMemoryConcurrencyAndSlots(t *testing.T) {
+	skipWithoutShm(t)
+	ps := discover(t, host.Config{Dir: pluginDir(t, "memplugin")})
+	st := open(t, "memplug://conc/run")
+	ctx := context.Background()
+	const workers = 7
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			errs <- func() error {
+				data := randomBytes(9<<20+w, uint64(w))
+				key := fmt.Sprintf("obj%d", w)
+				if err := st.Put(ctx, key, int64(len(data)), bytes.NewReader(data), backend.PutOptions{}); err != nil {
+					return err
+				}
+				got, err := st.ReadAll(ctx, key, 0)
+				if err != nil {
+					return err
+				}
+				if !bytes.Equal(data, got) {
+					return fmt.Errorf("%s differs after a round trip", key)
+				}
+				return nil
+			}()
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		require.NoError(t, <-errs)
+	}
+	free, err := host.FreeSlots(ctx, ps[0])
+	require.NoError(t, err)
+	assert.Equal(t, 8, free, "put slots not returned")
+
+	cctx, cancel := context.WithCancel(ctx)
+	src := &blockingSource{head: bytes.NewReader(randomBytes(6<<20, 8)), ctx: cctx, release: make(chan struct{}), reached: make(chan struct{})}
+	go func() { <-src.reached; cancel() }()
+	assert.ErrorIs(t, st.Put(cctx, "cancelled", 8<<20, src, backend.PutOptions{}), context.Canceled)
+	_, err = st.Stat(ctx, "cancelled")
+	assert.ErrorIs(t, err, backend.ErrNotFound)
+	data := randomBytes(5<<20, 9)
+	require.NoError(t, st.Put(ctx, "after", int64(len(data)), bytes.NewReader(data), backend.PutOptions{}))
+	got, err := st.ReadAll(ctx, "after", 0)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(data, got))
 }

@@ -4,6 +4,7 @@ package host_test
 
 import (
 	"context"
+	"os"
 	"runtime"
 	"syscall"
 	"testing"
@@ -20,6 +21,7 @@ import (
 // closes it, and checks the host is back to its goroutine count.
 func TestNoGoroutineLeak(t *testing.T) {
 	before := runtime.NumGoroutine()
+	fdsBefore := openFDs(t)
 	ps, err := host.Discover(context.Background(), host.Config{Dir: pluginDir(t, "memplugin"), Logger: hclog.NewNullLogger()})
 	require.NoError(t, err)
 	st, err := backend.Open(context.Background(), "memplug://leak/x")
@@ -42,8 +44,20 @@ func TestNoGoroutineLeak(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	assert.LessOrEqual(t, runtime.NumGoroutine(), before, "goroutines left behind")
+	if fdsBefore >= 0 {
+		assert.LessOrEqual(t, openFDs(t), fdsBefore, "descriptors (sockets, shared-memory segments) left open")
+	}
 	if t.Failed() {
 		buf := make([]byte, 1<<20)
 		t.Log(string(buf[:runtime.Stack(buf, true)]))
 	}
+}
+
+// openFDs counts the process's open descriptors, -1 where /proc is absent.
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents)
 }

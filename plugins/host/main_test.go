@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -81,7 +82,24 @@ func discover(t testing.TB, cfg host.Config) []*host.Plugin {
 			p.Close()
 		}
 	})
+	for _, p := range ps {
+		on, err := host.UsesSharedMemory(context.Background(), p)
+		require.NoError(t, err)
+		forced := cfg.ForceStreaming || os.Getenv(host.EnvForceStreaming) == "1"
+		require.Equal(t, runtime.GOOS == "linux" && !forced, on, "shared-memory path negotiated")
+	}
 	return ps
+}
+
+// bothPaths runs test over the shared-memory bulk path (every body size
+// included) and with streaming forced.
+func bothPaths(t *testing.T, test func(t *testing.T, streaming bool)) {
+	t.Run("shm", func(t *testing.T) {
+		skipWithoutShm(t)
+		t.Cleanup(host.SetShmThreshold(0))
+		test(t, false)
+	})
+	t.Run("streaming", func(t *testing.T) { test(t, true) })
 }
 
 // logBuffer is a concurrency-safe log sink.
@@ -110,4 +128,11 @@ func (l *logBuffer) Contains(s string) bool {
 
 func testLogger(w io.Writer) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: w})
+}
+
+// skipWithoutShm skips tests of the shared-memory path where it is off.
+func skipWithoutShm(t *testing.T) {
+	if runtime.GOOS != "linux" || os.Getenv(host.EnvForceStreaming) == "1" {
+		t.Skip("shared-memory bulk path unavailable or disabled")
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/plugins/internal/shm"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	pb "github.com/ckptkit/ckptkit/plugins/proto"
 	plugin "github.com/hashicorp/go-plugin"
@@ -62,7 +63,20 @@ type instance struct {
 	ctx     context.Context
 	abandon context.CancelFunc
 	watched chan struct{} // closed once the process is gone
+	// seg is the shared segment the process accepted, nil when bodies
+	// stream over gRPC; putPool hands out its put slots. seg is unmapped
+	// once the process is gone and no call copies from it any more.
+	seg     *shm.Segment
+	putPool *shm.Pool
 }
+
+// segmentLayout is the shared segment given to each plugin process: the
+// memfd is sparse, so only slots in use cost memory.
+var segmentLayout = shm.Layout{SlotSize: 4 << 20, PutSlots: 8, ReadSlots: 8}
+
+// segmentFD is the descriptor number the segment gets in the plugin: the
+// first of exec.Cmd.ExtraFiles.
+const segmentFD = 3
 
 var (
 	liveMu sync.Mutex
@@ -175,6 +189,25 @@ func (p *Plugin) start(ctx context.Context) (*instance, *pb.DescribeResponse, er
 	cmd := exec.Command(p.real)
 	cmd.Env = []string{wire.EnvParentPID + "=" + strconv.Itoa(os.Getpid())}
 	setParentDeathSignal(cmd)
+	var seg *shm.Segment
+	if !p.cfg.ForceStreaming && shm.Supported {
+		s, f, err := shm.Create(segmentLayout)
+		if err != nil {
+			p.cfg.Logger.Warn("shared-memory bulk path unavailable; streaming instead", "plugin", p.Name, "error", err)
+		} else {
+			// The plugin inherits the memfd (created close-on-exec, so no
+			// other child does); ours is closed once it started.
+			defer f.Close()
+			seg = s
+			cmd.ExtraFiles = []*os.File{f}
+			cmd.Env = append(cmd.Env, wire.EnvSharedMemory+"="+segmentLayout.Env(segmentFD))
+		}
+	}
+	dropSegment := func() {
+		if seg != nil {
+			seg.Close()
+		}
+	}
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: wire.Handshake,
 		VersionedPlugins: map[int]plugin.PluginSet{
@@ -194,6 +227,7 @@ func (p *Plugin) start(ctx context.Context) (*instance, *pb.DescribeResponse, er
 	rpc, err := client.Client()
 	if err != nil {
 		client.Kill()
+		dropSegment()
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
 			return nil, nil, fmt.Errorf("start: %w", ErrChecksumMismatch)
 		}
@@ -202,15 +236,17 @@ func (p *Plugin) start(ctx context.Context) (*instance, *pb.DescribeResponse, er
 	raw, err := rpc.Dispense(wire.PluginKey)
 	if err != nil {
 		client.Kill()
+		dropSegment()
 		return nil, nil, fmt.Errorf("start: %w", err)
 	}
 	wc, ok := raw.(*wire.Client)
 	if !ok {
 		client.Kill()
+		dropSegment()
 		return nil, nil, fmt.Errorf("start: unexpected client type %T", raw)
 	}
 	ictx, abandon := context.WithCancel(context.Background())
-	in := &instance{client: client, rpc: wc.StorageClient, ctx: ictx, abandon: abandon, watched: make(chan struct{})}
+	in := &instance{client: client, rpc: wc.StorageClient, ctx: ictx, abandon: abandon, watched: make(chan struct{}), seg: seg}
 	if cmd.Process != nil {
 		in.pid = cmd.Process.Pid
 	}
@@ -220,10 +256,21 @@ func (p *Plugin) start(ctx context.Context) (*instance, *pb.DescribeResponse, er
 	defer tcancel()
 	dctx, cancel := in.callCtx(tctx)
 	defer cancel()
-	desc, err := in.rpc.Describe(dctx, &pb.DescribeRequest{HostProtocolMinor: wire.ProtocolMinor})
+	dreq := &pb.DescribeRequest{HostProtocolMinor: wire.ProtocolMinor}
+	if seg != nil {
+		dreq.HostFeatures = []string{wire.FeatureSharedMemory}
+	}
+	desc, err := in.rpc.Describe(dctx, dreq)
 	if err != nil {
 		in.stop()
 		return nil, nil, fmt.Errorf("describe: %w", p.convert(ctx, nil, "describe", err, crashRetryable))
+	}
+	if seg != nil && slices.Contains(desc.GetFeatures(), wire.FeatureSharedMemory) {
+		in.putPool = shm.NewPool(seg.Layout().PutSlots)
+	} else {
+		// An older SDK, or a plugin that could not map it: stream. The
+		// instance keeps seg only to unmap it with the process.
+		in.putPool = nil
 	}
 	p.mu.Lock()
 	p.gen++
@@ -242,6 +289,18 @@ func (in *instance) watch(exited context.Context) {
 	}
 	in.abandon()
 	in.client.Kill()
+	if in.seg != nil {
+		in.seg.Close()
+	}
+}
+
+// sharedMemory returns the instance's segment with a reference taken
+// (release it with Release), or nil when the process streams bodies.
+func (in *instance) sharedMemory() *shm.Segment {
+	if in.putPool == nil || !in.seg.Acquire() {
+		return nil
+	}
+	return in.seg
 }
 
 // stop abandons the instance and waits for its process to be gone.

@@ -154,8 +154,11 @@ type DescribeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The protocol minor version the host implements.
 	HostProtocolMinor uint32 `protobuf:"varint,1,opt,name=host_protocol_minor,json=hostProtocolMinor,proto3" json:"host_protocol_minor,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Optional features the host offers for this process (minor 1): "shm-v1"
+	// when it passed the plugin a shared-memory segment at start.
+	HostFeatures  []string `protobuf:"bytes,2,rep,name=host_features,json=hostFeatures,proto3" json:"host_features,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescribeRequest) Reset() {
@@ -195,6 +198,13 @@ func (x *DescribeRequest) GetHostProtocolMinor() uint32 {
 	return 0
 }
 
+func (x *DescribeRequest) GetHostFeatures() []string {
+	if x != nil {
+		return x.HostFeatures
+	}
+	return nil
+}
+
 type DescribeResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -203,7 +213,9 @@ type DescribeResponse struct {
 	Schemes []string `protobuf:"bytes,3,rep,name=schemes,proto3" json:"schemes,omitempty"`
 	// The protocol minor version the plugin implements.
 	ProtocolMinor uint32 `protobuf:"varint,4,opt,name=protocol_minor,json=protocolMinor,proto3" json:"protocol_minor,omitempty"`
-	// Optional protocol features the plugin supports (none defined in minor 0).
+	// Optional protocol features the plugin supports and accepts for this
+	// process: "shm-v1" (minor 1) when the host offered it and the plugin
+	// mapped the segment.
 	Features      []string `protobuf:"bytes,5,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -694,9 +706,12 @@ func (x *ReadRequest) GetLength() int64 {
 	return 0
 }
 
+// ReadChunk carries bytes of a range, in data or (ReadShm only) in a read
+// slot of the shared segment; never both.
 type ReadChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Shm           *ShmRef                `protobuf:"bytes,2,opt,name=shm,proto3" json:"shm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -738,6 +753,196 @@ func (x *ReadChunk) GetData() []byte {
 	return nil
 }
 
+func (x *ReadChunk) GetShm() *ShmRef {
+	if x != nil {
+		return x.Shm
+	}
+	return nil
+}
+
+// ShmRef names the first length bytes of a slot of the shared segment. As
+// an acknowledgement only slot counts.
+type ShmRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Slot          uint32                 `protobuf:"varint,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	Length        uint32                 `protobuf:"varint,2,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShmRef) Reset() {
+	*x = ShmRef{}
+	mi := &file_storage_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShmRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShmRef) ProtoMessage() {}
+
+func (x *ShmRef) ProtoReflect() protoreflect.Message {
+	mi := &file_storage_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShmRef.ProtoReflect.Descriptor instead.
+func (*ShmRef) Descriptor() ([]byte, []int) {
+	return file_storage_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ShmRef) GetSlot() uint32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *ShmRef) GetLength() uint32 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+// ReadShmRequest is the host's side of ReadShm: the request, then
+// acknowledgements of read slots.
+type ReadShmRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ReadShmRequest_Open
+	//	*ReadShmRequest_Ack
+	Msg           isReadShmRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadShmRequest) Reset() {
+	*x = ReadShmRequest{}
+	mi := &file_storage_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadShmRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadShmRequest) ProtoMessage() {}
+
+func (x *ReadShmRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storage_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadShmRequest.ProtoReflect.Descriptor instead.
+func (*ReadShmRequest) Descriptor() ([]byte, []int) {
+	return file_storage_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReadShmRequest) GetMsg() isReadShmRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ReadShmRequest) GetOpen() *ReadRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*ReadShmRequest_Open); ok {
+			return x.Open
+		}
+	}
+	return nil
+}
+
+func (x *ReadShmRequest) GetAck() *ShmRef {
+	if x != nil {
+		if x, ok := x.Msg.(*ReadShmRequest_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
+type isReadShmRequest_Msg interface {
+	isReadShmRequest_Msg()
+}
+
+type ReadShmRequest_Open struct {
+	Open *ReadRequest `protobuf:"bytes,1,opt,name=open,proto3,oneof"`
+}
+
+type ReadShmRequest_Ack struct {
+	Ack *ShmRef `protobuf:"bytes,2,opt,name=ack,proto3,oneof"`
+}
+
+func (*ReadShmRequest_Open) isReadShmRequest_Msg() {}
+
+func (*ReadShmRequest_Ack) isReadShmRequest_Msg() {}
+
+// PutShmReply acknowledges a put slot the plugin no longer reads.
+type PutShmReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ack           *ShmRef                `protobuf:"bytes,1,opt,name=ack,proto3" json:"ack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutShmReply) Reset() {
+	*x = PutShmReply{}
+	mi := &file_storage_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutShmReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutShmReply) ProtoMessage() {}
+
+func (x *PutShmReply) ProtoReflect() protoreflect.Message {
+	mi := &file_storage_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutShmReply.ProtoReflect.Descriptor instead.
+func (*PutShmReply) Descriptor() ([]byte, []int) {
+	return file_storage_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PutShmReply) GetAck() *ShmRef {
+	if x != nil {
+		return x.Ack
+	}
+	return nil
+}
+
 type PutFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Frame:
@@ -745,6 +950,7 @@ type PutFrame struct {
 	//	*PutFrame_Header
 	//	*PutFrame_Data
 	//	*PutFrame_Commit
+	//	*PutFrame_ShmData
 	Frame         isPutFrame_Frame `protobuf_oneof:"frame"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -752,7 +958,7 @@ type PutFrame struct {
 
 func (x *PutFrame) Reset() {
 	*x = PutFrame{}
-	mi := &file_storage_proto_msgTypes[12]
+	mi := &file_storage_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +970,7 @@ func (x *PutFrame) String() string {
 func (*PutFrame) ProtoMessage() {}
 
 func (x *PutFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[12]
+	mi := &file_storage_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +983,7 @@ func (x *PutFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFrame.ProtoReflect.Descriptor instead.
 func (*PutFrame) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{12}
+	return file_storage_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutFrame) GetFrame() isPutFrame_Frame {
@@ -814,6 +1020,15 @@ func (x *PutFrame) GetCommit() *PutCommit {
 	return nil
 }
 
+func (x *PutFrame) GetShmData() *ShmRef {
+	if x != nil {
+		if x, ok := x.Frame.(*PutFrame_ShmData); ok {
+			return x.ShmData
+		}
+	}
+	return nil
+}
+
 type isPutFrame_Frame interface {
 	isPutFrame_Frame()
 }
@@ -830,11 +1045,18 @@ type PutFrame_Commit struct {
 	Commit *PutCommit `protobuf:"bytes,3,opt,name=commit,proto3,oneof"`
 }
 
+type PutFrame_ShmData struct {
+	// PutShm only: data in a put slot of the shared segment.
+	ShmData *ShmRef `protobuf:"bytes,4,opt,name=shm_data,json=shmData,proto3,oneof"`
+}
+
 func (*PutFrame_Header) isPutFrame_Frame() {}
 
 func (*PutFrame_Data) isPutFrame_Frame() {}
 
 func (*PutFrame_Commit) isPutFrame_Frame() {}
+
+func (*PutFrame_ShmData) isPutFrame_Frame() {}
 
 type PutHeader struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -851,7 +1073,7 @@ type PutHeader struct {
 
 func (x *PutHeader) Reset() {
 	*x = PutHeader{}
-	mi := &file_storage_proto_msgTypes[13]
+	mi := &file_storage_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +1085,7 @@ func (x *PutHeader) String() string {
 func (*PutHeader) ProtoMessage() {}
 
 func (x *PutHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[13]
+	mi := &file_storage_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +1098,7 @@ func (x *PutHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutHeader.ProtoReflect.Descriptor instead.
 func (*PutHeader) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{13}
+	return file_storage_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutHeader) GetHandle() string {
@@ -930,7 +1152,7 @@ type PutData struct {
 
 func (x *PutData) Reset() {
 	*x = PutData{}
-	mi := &file_storage_proto_msgTypes[14]
+	mi := &file_storage_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1164,7 @@ func (x *PutData) String() string {
 func (*PutData) ProtoMessage() {}
 
 func (x *PutData) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[14]
+	mi := &file_storage_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1177,7 @@ func (x *PutData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutData.ProtoReflect.Descriptor instead.
 func (*PutData) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{14}
+	return file_storage_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PutData) GetData() []byte {
@@ -976,7 +1198,7 @@ type PutCommit struct {
 
 func (x *PutCommit) Reset() {
 	*x = PutCommit{}
-	mi := &file_storage_proto_msgTypes[15]
+	mi := &file_storage_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1210,7 @@ func (x *PutCommit) String() string {
 func (*PutCommit) ProtoMessage() {}
 
 func (x *PutCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[15]
+	mi := &file_storage_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1223,7 @@ func (x *PutCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutCommit.ProtoReflect.Descriptor instead.
 func (*PutCommit) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{15}
+	return file_storage_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutCommit) GetCount() int64 {
@@ -1026,7 +1248,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_storage_proto_msgTypes[16]
+	mi := &file_storage_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1260,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[16]
+	mi := &file_storage_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1273,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{16}
+	return file_storage_proto_rawDescGZIP(), []int{19}
 }
 
 type StatRequest struct {
@@ -1064,7 +1286,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_storage_proto_msgTypes[17]
+	mi := &file_storage_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1298,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[17]
+	mi := &file_storage_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1311,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{17}
+	return file_storage_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatRequest) GetHandle() string {
@@ -1117,7 +1339,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_storage_proto_msgTypes[18]
+	mi := &file_storage_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1351,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[18]
+	mi := &file_storage_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1364,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{18}
+	return file_storage_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatResponse) GetSize() int64 {
@@ -1176,7 +1398,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_storage_proto_msgTypes[19]
+	mi := &file_storage_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1410,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[19]
+	mi := &file_storage_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1423,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{19}
+	return file_storage_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRequest) GetHandle() string {
@@ -1229,7 +1451,7 @@ type ListEntry struct {
 
 func (x *ListEntry) Reset() {
 	*x = ListEntry{}
-	mi := &file_storage_proto_msgTypes[20]
+	mi := &file_storage_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1463,7 @@ func (x *ListEntry) String() string {
 func (*ListEntry) ProtoMessage() {}
 
 func (x *ListEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[20]
+	mi := &file_storage_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1476,7 @@ func (x *ListEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntry.ProtoReflect.Descriptor instead.
 func (*ListEntry) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{20}
+	return file_storage_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListEntry) GetKey() string {
@@ -1287,7 +1509,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_storage_proto_msgTypes[21]
+	mi := &file_storage_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1521,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[21]
+	mi := &file_storage_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1534,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{21}
+	return file_storage_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListResponse) GetEntries() []*ListEntry {
@@ -1332,7 +1554,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_storage_proto_msgTypes[22]
+	mi := &file_storage_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1566,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[22]
+	mi := &file_storage_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1579,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{22}
+	return file_storage_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteRequest) GetHandle() string {
@@ -1382,7 +1604,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_storage_proto_msgTypes[23]
+	mi := &file_storage_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1616,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storage_proto_msgTypes[23]
+	mi := &file_storage_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1629,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_storage_proto_rawDescGZIP(), []int{23}
+	return file_storage_proto_rawDescGZIP(), []int{26}
 }
 
 var File_storage_proto protoreflect.FileDescriptor
@@ -1417,9 +1639,10 @@ const file_storage_proto_rawDesc = "" +
 	"\rstorage.proto\x12\x11ckptkit.plugin.v1\"Y\n" +
 	"\vErrorDetail\x120\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1c.ckptkit.plugin.v1.ErrorCodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"A\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"f\n" +
 	"\x0fDescribeRequest\x12.\n" +
-	"\x13host_protocol_minor\x18\x01 \x01(\rR\x11hostProtocolMinor\"\x9d\x01\n" +
+	"\x13host_protocol_minor\x18\x01 \x01(\rR\x11hostProtocolMinor\x12#\n" +
+	"\rhost_features\x18\x02 \x03(\tR\fhostFeatures\"\x9d\x01\n" +
 	"\x10DescribeResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
@@ -1449,13 +1672,24 @@ const file_storage_proto_rawDesc = "" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\x04 \x01(\x03R\x06length\"\x1f\n" +
+	"\x06length\x18\x04 \x01(\x03R\x06length\"L\n" +
 	"\tReadChunk\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xb5\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12+\n" +
+	"\x03shm\x18\x02 \x01(\v2\x19.ckptkit.plugin.v1.ShmRefR\x03shm\"4\n" +
+	"\x06ShmRef\x12\x12\n" +
+	"\x04slot\x18\x01 \x01(\rR\x04slot\x12\x16\n" +
+	"\x06length\x18\x02 \x01(\rR\x06length\"|\n" +
+	"\x0eReadShmRequest\x124\n" +
+	"\x04open\x18\x01 \x01(\v2\x1e.ckptkit.plugin.v1.ReadRequestH\x00R\x04open\x12-\n" +
+	"\x03ack\x18\x02 \x01(\v2\x19.ckptkit.plugin.v1.ShmRefH\x00R\x03ackB\x05\n" +
+	"\x03msg\":\n" +
+	"\vPutShmReply\x12+\n" +
+	"\x03ack\x18\x01 \x01(\v2\x19.ckptkit.plugin.v1.ShmRefR\x03ack\"\xed\x01\n" +
 	"\bPutFrame\x126\n" +
 	"\x06header\x18\x01 \x01(\v2\x1c.ckptkit.plugin.v1.PutHeaderH\x00R\x06header\x120\n" +
 	"\x04data\x18\x02 \x01(\v2\x1a.ckptkit.plugin.v1.PutDataH\x00R\x04data\x126\n" +
-	"\x06commit\x18\x03 \x01(\v2\x1c.ckptkit.plugin.v1.PutCommitH\x00R\x06commitB\a\n" +
+	"\x06commit\x18\x03 \x01(\v2\x1c.ckptkit.plugin.v1.PutCommitH\x00R\x06commit\x126\n" +
+	"\bshm_data\x18\x04 \x01(\v2\x19.ckptkit.plugin.v1.ShmRefH\x00R\ashmDataB\a\n" +
 	"\x05frame\"\xb8\x01\n" +
 	"\tPutHeader\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\x12\x10\n" +
@@ -1501,7 +1735,7 @@ const file_storage_proto_rawDesc = "" +
 	"\x16ERROR_CODE_INVALID_KEY\x10\x05\x12\x1c\n" +
 	"\x18ERROR_CODE_SIZE_MISMATCH\x10\x06\x12\x18\n" +
 	"\x14ERROR_CODE_TRANSIENT\x10\a\x12\x17\n" +
-	"\x13ERROR_CODE_CANCELED\x10\b2\xc5\x05\n" +
+	"\x13ERROR_CODE_CANCELED\x10\b2\xe0\x06\n" +
 	"\aStorage\x12S\n" +
 	"\bDescribe\x12\".ckptkit.plugin.v1.DescribeRequest\x1a#.ckptkit.plugin.v1.DescribeResponse\x12G\n" +
 	"\x04Open\x12\x1e.ckptkit.plugin.v1.OpenRequest\x1a\x1f.ckptkit.plugin.v1.OpenResponse\x12J\n" +
@@ -1511,7 +1745,9 @@ const file_storage_proto_rawDesc = "" +
 	"\x03Put\x12\x1b.ckptkit.plugin.v1.PutFrame\x1a\x1e.ckptkit.plugin.v1.PutResponse(\x01\x12G\n" +
 	"\x04Stat\x12\x1e.ckptkit.plugin.v1.StatRequest\x1a\x1f.ckptkit.plugin.v1.StatResponse\x12I\n" +
 	"\x04List\x12\x1e.ckptkit.plugin.v1.ListRequest\x1a\x1f.ckptkit.plugin.v1.ListResponse0\x01\x12M\n" +
-	"\x06Delete\x12 .ckptkit.plugin.v1.DeleteRequest\x1a!.ckptkit.plugin.v1.DeleteResponseB3Z1github.com/ckptkit/ckptkit/plugins/proto;pluginpbb\x06proto3"
+	"\x06Delete\x12 .ckptkit.plugin.v1.DeleteRequest\x1a!.ckptkit.plugin.v1.DeleteResponse\x12N\n" +
+	"\aReadShm\x12!.ckptkit.plugin.v1.ReadShmRequest\x1a\x1c.ckptkit.plugin.v1.ReadChunk(\x010\x01\x12I\n" +
+	"\x06PutShm\x12\x1b.ckptkit.plugin.v1.PutFrame\x1a\x1e.ckptkit.plugin.v1.PutShmReply(\x010\x01B3Z1github.com/ckptkit/ckptkit/plugins/proto;pluginpbb\x06proto3"
 
 var (
 	file_storage_proto_rawDescOnce sync.Once
@@ -1526,7 +1762,7 @@ func file_storage_proto_rawDescGZIP() []byte {
 }
 
 var file_storage_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_storage_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_storage_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_storage_proto_goTypes = []any{
 	(ErrorCode)(0),               // 0: ckptkit.plugin.v1.ErrorCode
 	(*ErrorDetail)(nil),          // 1: ckptkit.plugin.v1.ErrorDetail
@@ -1541,50 +1777,62 @@ var file_storage_proto_goTypes = []any{
 	(*Caps)(nil),                 // 10: ckptkit.plugin.v1.Caps
 	(*ReadRequest)(nil),          // 11: ckptkit.plugin.v1.ReadRequest
 	(*ReadChunk)(nil),            // 12: ckptkit.plugin.v1.ReadChunk
-	(*PutFrame)(nil),             // 13: ckptkit.plugin.v1.PutFrame
-	(*PutHeader)(nil),            // 14: ckptkit.plugin.v1.PutHeader
-	(*PutData)(nil),              // 15: ckptkit.plugin.v1.PutData
-	(*PutCommit)(nil),            // 16: ckptkit.plugin.v1.PutCommit
-	(*PutResponse)(nil),          // 17: ckptkit.plugin.v1.PutResponse
-	(*StatRequest)(nil),          // 18: ckptkit.plugin.v1.StatRequest
-	(*StatResponse)(nil),         // 19: ckptkit.plugin.v1.StatResponse
-	(*ListRequest)(nil),          // 20: ckptkit.plugin.v1.ListRequest
-	(*ListEntry)(nil),            // 21: ckptkit.plugin.v1.ListEntry
-	(*ListResponse)(nil),         // 22: ckptkit.plugin.v1.ListResponse
-	(*DeleteRequest)(nil),        // 23: ckptkit.plugin.v1.DeleteRequest
-	(*DeleteResponse)(nil),       // 24: ckptkit.plugin.v1.DeleteResponse
+	(*ShmRef)(nil),               // 13: ckptkit.plugin.v1.ShmRef
+	(*ReadShmRequest)(nil),       // 14: ckptkit.plugin.v1.ReadShmRequest
+	(*PutShmReply)(nil),          // 15: ckptkit.plugin.v1.PutShmReply
+	(*PutFrame)(nil),             // 16: ckptkit.plugin.v1.PutFrame
+	(*PutHeader)(nil),            // 17: ckptkit.plugin.v1.PutHeader
+	(*PutData)(nil),              // 18: ckptkit.plugin.v1.PutData
+	(*PutCommit)(nil),            // 19: ckptkit.plugin.v1.PutCommit
+	(*PutResponse)(nil),          // 20: ckptkit.plugin.v1.PutResponse
+	(*StatRequest)(nil),          // 21: ckptkit.plugin.v1.StatRequest
+	(*StatResponse)(nil),         // 22: ckptkit.plugin.v1.StatResponse
+	(*ListRequest)(nil),          // 23: ckptkit.plugin.v1.ListRequest
+	(*ListEntry)(nil),            // 24: ckptkit.plugin.v1.ListEntry
+	(*ListResponse)(nil),         // 25: ckptkit.plugin.v1.ListResponse
+	(*DeleteRequest)(nil),        // 26: ckptkit.plugin.v1.DeleteRequest
+	(*DeleteResponse)(nil),       // 27: ckptkit.plugin.v1.DeleteResponse
 }
 var file_storage_proto_depIdxs = []int32{
 	0,  // 0: ckptkit.plugin.v1.ErrorDetail.code:type_name -> ckptkit.plugin.v1.ErrorCode
 	10, // 1: ckptkit.plugin.v1.OpenResponse.capabilities:type_name -> ckptkit.plugin.v1.Caps
 	10, // 2: ckptkit.plugin.v1.CapabilitiesResponse.capabilities:type_name -> ckptkit.plugin.v1.Caps
-	14, // 3: ckptkit.plugin.v1.PutFrame.header:type_name -> ckptkit.plugin.v1.PutHeader
-	15, // 4: ckptkit.plugin.v1.PutFrame.data:type_name -> ckptkit.plugin.v1.PutData
-	16, // 5: ckptkit.plugin.v1.PutFrame.commit:type_name -> ckptkit.plugin.v1.PutCommit
-	21, // 6: ckptkit.plugin.v1.ListResponse.entries:type_name -> ckptkit.plugin.v1.ListEntry
-	2,  // 7: ckptkit.plugin.v1.Storage.Describe:input_type -> ckptkit.plugin.v1.DescribeRequest
-	4,  // 8: ckptkit.plugin.v1.Storage.Open:input_type -> ckptkit.plugin.v1.OpenRequest
-	6,  // 9: ckptkit.plugin.v1.Storage.Close:input_type -> ckptkit.plugin.v1.CloseRequest
-	8,  // 10: ckptkit.plugin.v1.Storage.Capabilities:input_type -> ckptkit.plugin.v1.CapabilitiesRequest
-	11, // 11: ckptkit.plugin.v1.Storage.Read:input_type -> ckptkit.plugin.v1.ReadRequest
-	13, // 12: ckptkit.plugin.v1.Storage.Put:input_type -> ckptkit.plugin.v1.PutFrame
-	18, // 13: ckptkit.plugin.v1.Storage.Stat:input_type -> ckptkit.plugin.v1.StatRequest
-	20, // 14: ckptkit.plugin.v1.Storage.List:input_type -> ckptkit.plugin.v1.ListRequest
-	23, // 15: ckptkit.plugin.v1.Storage.Delete:input_type -> ckptkit.plugin.v1.DeleteRequest
-	3,  // 16: ckptkit.plugin.v1.Storage.Describe:output_type -> ckptkit.plugin.v1.DescribeResponse
-	5,  // 17: ckptkit.plugin.v1.Storage.Open:output_type -> ckptkit.plugin.v1.OpenResponse
-	7,  // 18: ckptkit.plugin.v1.Storage.Close:output_type -> ckptkit.plugin.v1.CloseResponse
-	9,  // 19: ckptkit.plugin.v1.Storage.Capabilities:output_type -> ckptkit.plugin.v1.CapabilitiesResponse
-	12, // 20: ckptkit.plugin.v1.Storage.Read:output_type -> ckptkit.plugin.v1.ReadChunk
-	17, // 21: ckptkit.plugin.v1.Storage.Put:output_type -> ckptkit.plugin.v1.PutResponse
-	19, // 22: ckptkit.plugin.v1.Storage.Stat:output_type -> ckptkit.plugin.v1.StatResponse
-	22, // 23: ckptkit.plugin.v1.Storage.List:output_type -> ckptkit.plugin.v1.ListResponse
-	24, // 24: ckptkit.plugin.v1.Storage.Delete:output_type -> ckptkit.plugin.v1.DeleteResponse
-	16, // [16:25] is the sub-list for method output_type
-	7,  // [7:16] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	13, // 3: ckptkit.plugin.v1.ReadChunk.shm:type_name -> ckptkit.plugin.v1.ShmRef
+	11, // 4: ckptkit.plugin.v1.ReadShmRequest.open:type_name -> ckptkit.plugin.v1.ReadRequest
+	13, // 5: ckptkit.plugin.v1.ReadShmRequest.ack:type_name -> ckptkit.plugin.v1.ShmRef
+	13, // 6: ckptkit.plugin.v1.PutShmReply.ack:type_name -> ckptkit.plugin.v1.ShmRef
+	17, // 7: ckptkit.plugin.v1.PutFrame.header:type_name -> ckptkit.plugin.v1.PutHeader
+	18, // 8: ckptkit.plugin.v1.PutFrame.data:type_name -> ckptkit.plugin.v1.PutData
+	19, // 9: ckptkit.plugin.v1.PutFrame.commit:type_name -> ckptkit.plugin.v1.PutCommit
+	13, // 10: ckptkit.plugin.v1.PutFrame.shm_data:type_name -> ckptkit.plugin.v1.ShmRef
+	24, // 11: ckptkit.plugin.v1.ListResponse.entries:type_name -> ckptkit.plugin.v1.ListEntry
+	2,  // 12: ckptkit.plugin.v1.Storage.Describe:input_type -> ckptkit.plugin.v1.DescribeRequest
+	4,  // 13: ckptkit.plugin.v1.Storage.Open:input_type -> ckptkit.plugin.v1.OpenRequest
+	6,  // 14: ckptkit.plugin.v1.Storage.Close:input_type -> ckptkit.plugin.v1.CloseRequest
+	8,  // 15: ckptkit.plugin.v1.Storage.Capabilities:input_type -> ckptkit.plugin.v1.CapabilitiesRequest
+	11, // 16: ckptkit.plugin.v1.Storage.Read:input_type -> ckptkit.plugin.v1.ReadRequest
+	16, // 17: ckptkit.plugin.v1.Storage.Put:input_type -> ckptkit.plugin.v1.PutFrame
+	21, // 18: ckptkit.plugin.v1.Storage.Stat:input_type -> ckptkit.plugin.v1.StatRequest
+	23, // 19: ckptkit.plugin.v1.Storage.List:input_type -> ckptkit.plugin.v1.ListRequest
+	26, // 20: ckptkit.plugin.v1.Storage.Delete:input_type -> ckptkit.plugin.v1.DeleteRequest
+	14, // 21: ckptkit.plugin.v1.Storage.ReadShm:input_type -> ckptkit.plugin.v1.ReadShmRequest
+	16, // 22: ckptkit.plugin.v1.Storage.PutShm:input_type -> ckptkit.plugin.v1.PutFrame
+	3,  // 23: ckptkit.plugin.v1.Storage.Describe:output_type -> ckptkit.plugin.v1.DescribeResponse
+	5,  // 24: ckptkit.plugin.v1.Storage.Open:output_type -> ckptkit.plugin.v1.OpenResponse
+	7,  // 25: ckptkit.plugin.v1.Storage.Close:output_type -> ckptkit.plugin.v1.CloseResponse
+	9,  // 26: ckptkit.plugin.v1.Storage.Capabilities:output_type -> ckptkit.plugin.v1.CapabilitiesResponse
+	12, // 27: ckptkit.plugin.v1.Storage.Read:output_type -> ckptkit.plugin.v1.ReadChunk
+	20, // 28: ckptkit.plugin.v1.Storage.Put:output_type -> ckptkit.plugin.v1.PutResponse
+	22, // 29: ckptkit.plugin.v1.Storage.Stat:output_type -> ckptkit.plugin.v1.StatResponse
+	25, // 30: ckptkit.plugin.v1.Storage.List:output_type -> ckptkit.plugin.v1.ListResponse
+	27, // 31: ckptkit.plugin.v1.Storage.Delete:output_type -> ckptkit.plugin.v1.DeleteResponse
+	12, // 32: ckptkit.plugin.v1.Storage.ReadShm:output_type -> ckptkit.plugin.v1.ReadChunk
+	15, // 33: ckptkit.plugin.v1.Storage.PutShm:output_type -> ckptkit.plugin.v1.PutShmReply
+	23, // [23:34] is the sub-list for method output_type
+	12, // [12:23] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_storage_proto_init() }
@@ -1592,20 +1840,25 @@ func file_storage_proto_init() {
 	if File_storage_proto != nil {
 		return
 	}
-	file_storage_proto_msgTypes[12].OneofWrappers = []any{
+	file_storage_proto_msgTypes[13].OneofWrappers = []any{
+		(*ReadShmRequest_Open)(nil),
+		(*ReadShmRequest_Ack)(nil),
+	}
+	file_storage_proto_msgTypes[15].OneofWrappers = []any{
 		(*PutFrame_Header)(nil),
 		(*PutFrame_Data)(nil),
 		(*PutFrame_Commit)(nil),
+		(*PutFrame_ShmData)(nil),
 	}
-	file_storage_proto_msgTypes[13].OneofWrappers = []any{}
-	file_storage_proto_msgTypes[18].OneofWrappers = []any{}
+	file_storage_proto_msgTypes[16].OneofWrappers = []any{}
+	file_storage_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storage_proto_rawDesc), len(file_storage_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

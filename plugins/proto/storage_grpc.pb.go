@@ -35,6 +35,8 @@ const (
 	Storage_Stat_FullMethodName         = "/ckptkit.plugin.v1.Storage/Stat"
 	Storage_List_FullMethodName         = "/ckptkit.plugin.v1.Storage/List"
 	Storage_Delete_FullMethodName       = "/ckptkit.plugin.v1.Storage/Delete"
+	Storage_ReadShm_FullMethodName      = "/ckptkit.plugin.v1.Storage/ReadShm"
+	Storage_PutShm_FullMethodName       = "/ckptkit.plugin.v1.Storage/PutShm"
 )
 
 // StorageClient is the client API for Storage service.
@@ -65,6 +67,19 @@ type StorageClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListResponse], error)
 	// Delete removes an object; a missing object is not an error.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
+	// ReadShm is Read over the shared-memory bulk path (minor 1, feature
+	// "shm-v1"). The first request message carries the ReadRequest; the
+	// plugin answers as Read does, except that a chunk may name a read slot
+	// of the segment instead of carrying its bytes. The host acknowledges
+	// each such chunk once it has copied the slot out; the plugin reuses a
+	// slot only after its acknowledgement or once the host has ended the
+	// call, and returns only after every slot it named was acknowledged.
+	ReadShm(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReadShmRequest, ReadChunk], error)
+	// PutShm is Put over the shared-memory bulk path: the same frames, where a
+	// data frame may instead name bytes of a put slot the host filled. The
+	// plugin acknowledges a slot once it no longer reads it. Success is the
+	// call ending with an OK status after the commit frame.
+	PutShm(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutFrame, PutShmReply], error)
 }
 
 type storageClient struct {
@@ -186,6 +201,32 @@ func (c *storageClient) Delete(ctx context.Context, in *DeleteRequest, opts ...g
 	return out, nil
 }
 
+func (c *storageClient) ReadShm(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReadShmRequest, ReadChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Storage_ServiceDesc.Streams[3], Storage_ReadShm_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadShmRequest, ReadChunk]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Storage_ReadShmClient = grpc.BidiStreamingClient[ReadShmRequest, ReadChunk]
+
+func (c *storageClient) PutShm(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutFrame, PutShmReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Storage_ServiceDesc.Streams[4], Storage_PutShm_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PutFrame, PutShmReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Storage_PutShmClient = grpc.BidiStreamingClient[PutFrame, PutShmReply]
+
 // StorageServer is the server API for Storage service.
 // All implementations must embed UnimplementedStorageServer
 // for forward compatibility.
@@ -214,6 +255,19 @@ type StorageServer interface {
 	List(*ListRequest, grpc.ServerStreamingServer[ListResponse]) error
 	// Delete removes an object; a missing object is not an error.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
+	// ReadShm is Read over the shared-memory bulk path (minor 1, feature
+	// "shm-v1"). The first request message carries the ReadRequest; the
+	// plugin answers as Read does, except that a chunk may name a read slot
+	// of the segment instead of carrying its bytes. The host acknowledges
+	// each such chunk once it has copied the slot out; the plugin reuses a
+	// slot only after its acknowledgement or once the host has ended the
+	// call, and returns only after every slot it named was acknowledged.
+	ReadShm(grpc.BidiStreamingServer[ReadShmRequest, ReadChunk]) error
+	// PutShm is Put over the shared-memory bulk path: the same frames, where a
+	// data frame may instead name bytes of a put slot the host filled. The
+	// plugin acknowledges a slot once it no longer reads it. Success is the
+	// call ending with an OK status after the commit frame.
+	PutShm(grpc.BidiStreamingServer[PutFrame, PutShmReply]) error
 	mustEmbedUnimplementedStorageServer()
 }
 
@@ -250,6 +304,12 @@ func (UnimplementedStorageServer) List(*ListRequest, grpc.ServerStreamingServer[
 }
 func (UnimplementedStorageServer) Delete(context.Context, *DeleteRequest) (*DeleteResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Delete not implemented")
+}
+func (UnimplementedStorageServer) ReadShm(grpc.BidiStreamingServer[ReadShmRequest, ReadChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method ReadShm not implemented")
+}
+func (UnimplementedStorageServer) PutShm(grpc.BidiStreamingServer[PutFrame, PutShmReply]) error {
+	return status.Errorf(codes.Unimplemented, "method PutShm not implemented")
 }
 func (UnimplementedStorageServer) mustEmbedUnimplementedStorageServer() {}
 func (UnimplementedStorageServer) testEmbeddedByValue()                 {}
@@ -409,6 +469,20 @@ func _Storage_Delete_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Storage_ReadShm_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(StorageServer).ReadShm(&grpc.GenericServerStream[ReadShmRequest, ReadChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Storage_ReadShmServer = grpc.BidiStreamingServer[ReadShmRequest, ReadChunk]
+
+func _Storage_PutShm_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(StorageServer).PutShm(&grpc.GenericServerStream[PutFrame, PutShmReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Storage_PutShmServer = grpc.BidiStreamingServer[PutFrame, PutShmReply]
+
 // Storage_ServiceDesc is the grpc.ServiceDesc for Storage service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -456,6 +530,18 @@ var Storage_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "List",
 			Handler:       _Storage_List_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadShm",
+			Handler:       _Storage_ReadShm_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PutShm",
+			Handler:       _Storage_PutShm_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "storage.proto",

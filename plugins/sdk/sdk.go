@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/plugins/internal/shm"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	hclog "github.com/hashicorp/go-hclog"
 	plugin "github.com/hashicorp/go-plugin"
@@ -103,6 +104,11 @@ func Serve(cfg Config) {
 	}
 	go watchParent(logger)
 	srv := newServer(cfg, logger)
+	if desc := os.Getenv(wire.EnvSharedMemory); desc != "" {
+		if err := srv.mapSegment(desc); err != nil {
+			logger.Warn("shared-memory bulk path unavailable; streaming instead", "error", err.Error())
+		}
+	}
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: wire.Handshake,
 		VersionedPlugins: map[int]plugin.PluginSet{
@@ -131,4 +137,23 @@ func watchParent(logger hclog.Logger) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// mapSegment maps the shared segment the host passed (see
+// wire.EnvSharedMemory), enabling ReadShm's and PutShm's slots.
+func (s *server) mapSegment(desc string) error {
+	l, fd, err := shm.ParseEnv(desc)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "ckptkit-plugin-shm")
+	if f == nil {
+		return fmt.Errorf("sdk: shared segment descriptor %d is not open", fd)
+	}
+	seg, err := shm.Map(f, l)
+	if err != nil {
+		return err
+	}
+	s.seg, s.readPool = seg, shm.NewPool(l.ReadSlots)
+	return nil
 }

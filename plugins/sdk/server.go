@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/plugins/internal/shm"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	pb "github.com/ckptkit/ckptkit/plugins/proto"
 	hclog "github.com/hashicorp/go-hclog"
@@ -35,7 +37,16 @@ type server struct {
 	mu      sync.Mutex
 	next    uint64
 	drivers map[string]backend.Driver
+
+	// seg is the shared segment the host passed, nil without one; readPool
+	// hands out its read slots.
+	seg      *shm.Segment
+	readPool *shm.Pool
 }
+
+// readSlotsPerCall is how many read slots one ReadShm call uses at most:
+// enough to fill one while the host copies another out.
+const readSlotsPerCall = 2
 
 func newServer(cfg Config, log hclog.Logger) *server {
 	return &server{cfg: cfg, log: log, drivers: map[string]backend.Driver{}}
@@ -73,14 +84,19 @@ func checkKey(key string) error {
 	return nil
 }
 
-// Describe implements pb.StorageServer.
-func (s *server) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
+// Describe implements pb.StorageServer. It accepts the shared-memory path
+// when the host offers it and the segment was mapped.
+func (s *server) Describe(_ context.Context, req *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	resp := &pb.DescribeResponse{
 		Name:          s.cfg.Name,
 		Version:       s.cfg.Version,
 		Schemes:       slices.Clone(s.cfg.Schemes),
 		ProtocolMinor: wire.ProtocolMinor,
-	}, nil
+	}
+	if s.seg != nil && slices.Contains(req.GetHostFeatures(), wire.FeatureSharedMemory) {
+		resp.Features = append(resp.Features, wire.FeatureSharedMemory)
+	}
+	return resp, nil
 }
 
 // Open implements pb.StorageServer.
@@ -144,30 +160,44 @@ func capsToPB(c backend.Capabilities) *pb.Caps {
 // any data.
 func (s *server) Read(req *pb.ReadRequest, stream pb.Storage_ReadServer) error {
 	ctx := stream.Context()
-	drv, err := s.driver(req.GetHandle())
+	drv, rc, err := s.openRange(ctx, req)
 	if err != nil {
 		return err
-	}
-	if err := checkKey(req.GetKey()); err != nil {
-		return err
-	}
-	if req.GetOffset() < 0 {
-		return wire.Errorf(backend.CodeInvalidKey, "negative offset %d", req.GetOffset())
-	}
-	rc, err := drv.NewRangeReader(ctx, req.GetKey(), req.GetOffset(), req.GetLength())
-	if err != nil {
-		return fail(ctx, drv, err)
 	}
 	defer rc.Close()
 	if err := stream.Send(&pb.ReadChunk{}); err != nil {
 		return err
 	}
+	return streamRange(ctx, drv, rc, stream.Send)
+}
+
+// openRange validates a read request and opens the range.
+func (s *server) openRange(ctx context.Context, req *pb.ReadRequest) (backend.Driver, io.ReadCloser, error) {
+	drv, err := s.driver(req.GetHandle())
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := checkKey(req.GetKey()); err != nil {
+		return nil, nil, err
+	}
+	if req.GetOffset() < 0 {
+		return nil, nil, wire.Errorf(backend.CodeInvalidKey, "negative offset %d", req.GetOffset())
+	}
+	rc, err := drv.NewRangeReader(ctx, req.GetKey(), req.GetOffset(), req.GetLength())
+	if err != nil {
+		return nil, nil, fail(ctx, drv, err)
+	}
+	return drv, rc, nil
+}
+
+// streamRange sends rc's bytes inline, in ChunkSize messages.
+func streamRange(ctx context.Context, drv backend.Driver, rc io.Reader, send func(*pb.ReadChunk) error) error {
 	buf := make([]byte, wire.ChunkSize)
 	for {
 		n, err := io.ReadFull(rc, buf)
 		if n > 0 {
 			// Send marshals before returning, so buf can be reused.
-			if serr := stream.Send(&pb.ReadChunk{Data: buf[:n]}); serr != nil {
+			if serr := send(&pb.ReadChunk{Data: buf[:n]}); serr != nil {
 				return serr
 			}
 		}
@@ -180,10 +210,122 @@ func (s *server) Read(req *pb.ReadRequest, stream pb.Storage_ReadServer) error {
 	}
 }
 
-// Put implements pb.StorageServer; see putBody for the commit rule.
-func (s *server) Put(stream pb.Storage_PutServer) error {
+// ReadShm implements pb.StorageServer: Read through read slots of the
+// shared segment, or inline when it has none (no segment, all slots busy).
+//
+// A slot named to the host is written again only after the host
+// acknowledged it, and the call returns (releasing its slots to other
+// calls) only once every slot it named was acknowledged or the host ended
+// the call: the host copies a slot out only while its call is live, so no
+// slot is ever rewritten under the host's copy.
+func (s *server) ReadShm(stream pb.Storage_ReadShmServer) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()
+	if err != nil {
+		return wire.ToStatus(backend.CodeUnknown, fmt.Errorf("read stream: no request: %w", err))
+	}
+	req := first.GetOpen()
+	if req == nil {
+		return wire.Errorf(backend.CodeUnknown, "read stream: first message is not a request")
+	}
+	drv, rc, err := s.openRange(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if err := stream.Send(&pb.ReadChunk{}); err != nil {
+		return err
+	}
+	var slots []uint32
+	if s.seg != nil {
+		slots = s.readPool.TryGet(readSlotsPerCall)
+	}
+	if len(slots) == 0 {
+		return streamRange(ctx, drv, rc, stream.Send)
+	}
+	defer s.readPool.Put(slots...)
+	free := slices.Clone(slots)
+	outstanding := map[uint32]bool{}
+	awaitAck := func() error {
+		m, err := stream.Recv()
+		if err != nil {
+			// The host ended the call: it copies nothing out any more.
+			return wire.ToStatus(backend.CodeCanceled, fmt.Errorf("read stream ended by the host: %w", err))
+		}
+		ack := m.GetAck()
+		if ack == nil || !outstanding[ack.GetSlot()] {
+			return wire.Errorf(backend.CodeUnknown, "read stream: unexpected message from the host")
+		}
+		delete(outstanding, ack.GetSlot())
+		free = append(free, ack.GetSlot())
+		return nil
+	}
+	drain := func(result error) error {
+		for len(outstanding) > 0 {
+			if err := awaitAck(); err != nil {
+				if result != nil {
+					return result
+				}
+				return err
+			}
+		}
+		return result
+	}
+	for {
+		if len(free) == 0 {
+			if err := awaitAck(); err != nil {
+				return err
+			}
+		}
+		i := free[len(free)-1]
+		free = free[:len(free)-1]
+		buf, err := s.seg.ReadSlot(i)
+		if err != nil {
+			return drain(wire.ToStatus(backend.CodeUnknown, err))
+		}
+		n, rerr := io.ReadFull(rc, buf)
+		if n > 0 {
+			outstanding[i] = true
+			if err := stream.Send(&pb.ReadChunk{Shm: &pb.ShmRef{Slot: i, Length: uint32(n)}}); err != nil {
+				return err // the call is over: the host copies nothing out
+			}
+		} else {
+			free = append(free, i)
+		}
+		switch {
+		case rerr == io.EOF || rerr == io.ErrUnexpectedEOF:
+			return drain(nil)
+		case rerr != nil:
+			return drain(fail(ctx, drv, rerr))
+		}
+	}
+}
+
+// Put implements pb.StorageServer; see putBody for the commit rule.
+func (s *server) Put(stream pb.Storage_PutServer) error {
+	if err := s.put(stream.Context(), stream.Recv, nil); err != nil {
+		return err
+	}
+	return stream.SendAndClose(&pb.PutResponse{})
+}
+
+// PutShm implements pb.StorageServer: Put whose data frames may name put
+// slots of the shared segment. Each slot is acknowledged once the driver
+// consumed its bytes; success is an OK status.
+func (s *server) PutShm(stream pb.Storage_PutShmServer) error {
+	var mu sync.Mutex
+	ack := func(slot uint32) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return stream.Send(&pb.PutShmReply{Ack: &pb.ShmRef{Slot: slot}})
+	}
+	return s.put(stream.Context(), stream.Recv, ack)
+}
+
+// put runs one write stream into the driver. ack is nil on the plain Put
+// stream, where shared-memory frames are refused.
+func (s *server) put(ctx context.Context, recv func() (*pb.PutFrame, error), ack func(uint32) error) error {
+	first, err := recv()
 	if err != nil {
 		return wire.ToStatus(backend.CodeUnknown, fmt.Errorf("write stream: no header: %w", err))
 	}
@@ -201,7 +343,10 @@ func (s *server) Put(stream pb.Storage_PutServer) error {
 	if hdr.GetSize() < 0 {
 		return wire.Errorf(backend.CodeSizeMismatch, "negative size %d", hdr.GetSize())
 	}
-	body := &putBody{stream: stream, ctx: ctx, size: hdr.GetSize(), want: hdr.Crc32C, crc: crc32.New(castagnoli)}
+	body := &putBody{recvFrame: recv, ctx: ctx, size: hdr.GetSize(), want: hdr.Crc32C, crc: crc32.New(castagnoli), held: -1}
+	if ack != nil {
+		body.seg, body.ack = s.seg, ack
+	}
 	if body.size == 0 {
 		// No byte to hold back: the commit must arrive before the driver runs.
 		body.awaitCommit()
@@ -226,7 +371,7 @@ func (s *server) Put(stream pb.Storage_PutServer) error {
 	case !body.committed:
 		return wire.Errorf(backend.CodeUnknown, "plugin %s: driver returned from Put of %q before reading the whole body", s.cfg.Name, hdr.GetKey())
 	}
-	return stream.SendAndClose(&pb.PutResponse{})
+	return nil
 }
 
 // putBody is the io.Reader a driver's Put consumes. It delivers the data
@@ -237,16 +382,26 @@ func (s *server) Put(stream pb.Storage_PutServer) error {
 // cancelled, a frame overruns the size, the commit disagrees) makes every
 // Read fail, so a driver that publishes only after a clean read of exactly
 // size bytes never publishes a truncated or corrupted object.
+//
+// On PutShm a data frame may name a put slot instead. The driver reads
+// such bytes straight from the slot, which is acknowledged once drained;
+// the frame completing the size is first copied out of its slot (and the
+// slot acknowledged), so that the bytes checked against the commit frame
+// are the bytes handed over, whatever happens to the slot afterwards.
 type putBody struct {
-	stream    pb.Storage_PutServer
+	recvFrame func() (*pb.PutFrame, error)
 	ctx       context.Context
 	size      int64
 	want      *uint32 // CRC32C announced in the header, if any
 	crc       hashWriter
 	got       int64
 	pending   []byte
+	held      int64 // put slot pending points into, -1 for none
 	committed bool
 	err       error
+
+	seg *shm.Segment       // nil: shared-memory frames are refused
+	ack func(uint32) error // releases a put slot to the host
 }
 
 type hashWriter interface {
@@ -260,6 +415,10 @@ func (b *putBody) Read(p []byte) (int, error) {
 		if b.err != nil {
 			return 0, b.err
 		}
+		b.release()
+		if b.err != nil {
+			return 0, b.err
+		}
 		if b.committed {
 			return 0, io.EOF
 		}
@@ -270,9 +429,21 @@ func (b *putBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// release acknowledges the put slot the drained pending bytes came from.
+func (b *putBody) release() {
+	if b.held < 0 {
+		return
+	}
+	slot := uint32(b.held)
+	b.held = -1
+	if err := b.ack(slot); err != nil {
+		b.err = fmt.Errorf("write stream after %d of %d bytes: acknowledging a slot: %w", b.got, b.size, err)
+	}
+}
+
 // recv receives one frame, turning stream failures into b.err.
 func (b *putBody) recv() *pb.PutFrame {
-	f, err := b.stream.Recv()
+	f, err := b.recvFrame()
 	switch {
 	case err == nil:
 		return f
@@ -286,37 +457,70 @@ func (b *putBody) recv() *pb.PutFrame {
 	return nil
 }
 
+// slotBytes resolves a shared-memory data frame, bounds-checked.
+func (b *putBody) slotBytes(ref *pb.ShmRef) []byte {
+	if b.seg == nil {
+		b.err = errors.New("write stream: shared-memory frame on a stream without a segment")
+		return nil
+	}
+	d, err := b.seg.PutRef(ref.GetSlot(), ref.GetLength())
+	if err != nil {
+		b.err = fmt.Errorf("write stream: %w", err)
+		return nil
+	}
+	return d
+}
+
 // next receives the next data frame into pending, or fails.
 func (b *putBody) next() {
 	f := b.recv()
 	if f == nil {
 		return
 	}
+	var d []byte
+	held := int64(-1)
 	switch fr := f.GetFrame().(type) {
 	case *pb.PutFrame_Data:
-		d := fr.Data.GetData()
+		d = fr.Data.GetData()
 		if len(d) > wire.MaxFrameSize {
 			b.err = fmt.Errorf("data frame of %d bytes exceeds the %d-byte limit", len(d), wire.MaxFrameSize)
 			return
 		}
-		if b.got+int64(len(d)) > b.size {
-			b.err = fmt.Errorf("write stream holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
+	case *pb.PutFrame_ShmData:
+		if d = b.slotBytes(fr.ShmData); d == nil {
 			return
 		}
-		b.crc.Write(d)
-		b.got += int64(len(d))
-		if b.got == b.size {
-			b.awaitCommit()
-			if b.err != nil {
-				return
-			}
-		}
-		b.pending = d
+		held = int64(fr.ShmData.GetSlot())
 	case *pb.PutFrame_Commit:
 		b.err = fmt.Errorf("commit frame after %d of the declared %d bytes: %w", b.got, b.size, backend.ErrSizeMismatch)
+		return
 	default:
 		b.err = errors.New("write stream: unexpected frame")
+		return
 	}
+	if b.got+int64(len(d)) > b.size {
+		b.err = fmt.Errorf("write stream holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
+		return
+	}
+	if held >= 0 && b.got+int64(len(d)) == b.size {
+		// The last bytes: check and hand over a private copy.
+		d = bytes.Clone(d)
+		if err := b.ack(uint32(held)); err != nil {
+			b.err = fmt.Errorf("write stream after %d of %d bytes: acknowledging a slot: %w", b.got, b.size, err)
+			return
+		}
+		held = -1
+	}
+	b.crc.Write(d)
+	b.got += int64(len(d))
+	b.held = held
+	if b.got == b.size {
+		b.awaitCommit()
+		if b.err != nil {
+			return
+		}
+	}
+	b.pending = d
 }
 
 // awaitCommit receives frames after the last data byte until the commit
@@ -333,6 +537,13 @@ func (b *putBody) awaitCommit() {
 				b.err = fmt.Errorf("write stream holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
 				return
 			}
+		case *pb.PutFrame_ShmData:
+			if fr.ShmData.GetLength() > 0 {
+				b.err = fmt.Errorf("write stream holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
+				return
+			}
+			b.err = errors.New("write stream: empty shared-memory frame")
+			return
 		case *pb.PutFrame_Commit:
 			sum := b.crc.Sum32()
 			switch c := fr.Commit; {

@@ -21,8 +21,19 @@ import (
 // minor is exchanged in Describe and only ever adds fields or RPCs.
 const (
 	ProtocolMajor = 1
-	ProtocolMinor = 0
+	ProtocolMinor = 1
 )
+
+// FeatureSharedMemory names the shared-memory bulk path (minor 1): the host
+// offers it in DescribeRequest.host_features when it passed the process a
+// segment (described by EnvSharedMemory), and the plugin lists it in
+// DescribeResponse.features when it mapped that segment. Only then does the
+// host use ReadShm and PutShm.
+const FeatureSharedMemory = "shm-v1"
+
+// EnvSharedMemory describes the segment inherited by the plugin process
+// (see shm.Layout.Env).
+const EnvSharedMemory = "CKPTKIT_PLUGIN_SHM"
 
 // PluginKey names the storage service in go-plugin's plugin set.
 const PluginKey = "storage"

@@ -1,0 +1,19 @@
+//go:build !linux
+
+package shm
+
+import "os"
+
+// Supported tells whether this system has the shared-memory path.
+const Supported = false
+
+// Create returns ErrUnsupported outside Linux.
+func Create(Layout) (*Segment, *os.File, error) { return nil, nil, ErrUnsupported }
+
+// Map returns ErrUnsupported outside Linux; it closes f.
+func Map(f *os.File, _ Layout) (*Segment, error) {
+	f.Close()
+	return nil, ErrUnsupported
+}
+
+func (s *Segment) unmap() { s.mem = nil }
