@@ -10,7 +10,7 @@
 #   scripts/test-servers.sh install   # only build the binaries into the cache
 #   scripts/test-servers.sh env       # print the exports of the running servers
 #   scripts/test-servers.sh stop      # stop the servers by PID, remove the run dir
-#   scripts/test-servers.sh status    # exit 0 when both servers answer
+#   scripts/test-servers.sh status    # exit 0 when both servers (and SeaweedFS, if started) run
 #
 # Binaries go to ${CKPTKIT_CACHE:-$HOME/.cache/ckptkit}/bin/<name>-<version>,
 # outside the clone, so a second run is instant. The run directory (PIDs, env
@@ -18,13 +18,30 @@
 # $CKPTKIT_CACHE/run/<checksum of the clone's path>: one per clone.
 # Access keys are generated per run and live only in the run dir's env file.
 # Everything except the export lines goes to stderr, so eval sees only those.
-# SeaweedFS (WITH_SEAWEEDFS=1) is not supported yet.
+#
+# WITH_SEAWEEDFS=1 (with install or start) also builds and starts SeaweedFS
+# (`weed mini`: master, volume, filer and S3 gateway in one process) as a
+# second, distributed S3 server and exports CKPTKIT_TEST_S3_SEAWEED_URL:
+#   eval "$(WITH_SEAWEEDFS=1 scripts/test-servers.sh start)"
+# (not `WITH_SEAWEEDFS=1 eval "$(...)"`: that sets it for eval only, after
+# the script has already run). It uses the same generated key pair as
+# versitygw (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY), set in an -s3.config
+# file in the run dir (mode 600); its data dir is the run dir's seaweedfs/.
+# `go install` refuses the SeaweedFS module (its go.mod has a replace
+# directive), so it is downloaded with `go mod download` and `./weed` is
+# built in a writable copy: 5-8 minutes and ~160 MiB, once per version.
 set -euo pipefail
 
 VERSITYGW_MOD=github.com/versity/versitygw/cmd/versitygw
 VERSITYGW_VER=v1.8.0
 FAKEGCS_MOD=github.com/fsouza/fake-gcs-server
 FAKEGCS_VER=v1.56.1
+SEAWEEDFS_MOD=github.com/seaweedfs/seaweedfs
+SEAWEEDFS_VER=v0.0.0-20261109003541-7506e5f91cd6
+case ${WITH_SEAWEEDFS:-} in
+1 | true | yes) WITH_SEAWEEDFS=1 ;;
+*) WITH_SEAWEEDFS=0 ;;
+esac
 BUCKET=${CKPTKIT_TEST_BUCKET:-ckpt-test}
 
 CACHE=${CKPTKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ckptkit}
@@ -35,9 +52,12 @@ CLONE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 RUN_DIR=${CKPTKIT_RUN_DIR:-$CACHE/run/$(printf '%s' "$CLONE_DIR" | cksum | cut -d' ' -f1)}
 ENV_FILE=$RUN_DIR/env.sh
 READY_TIMEOUT=${CKPTKIT_READY_TIMEOUT:-30}
+# weed mini starts its services one after the other.
+SEAWEEDFS_READY_TIMEOUT=${CKPTKIT_SEAWEEDFS_READY_TIMEOUT:-120}
 
 VERSITYGW_BIN=$BIN_DIR/versitygw-$VERSITYGW_VER
 FAKEGCS_BIN=$BIN_DIR/fake-gcs-server-$FAKEGCS_VER
+SEAWEEDFS_BIN=$BIN_DIR/weed-$SEAWEEDFS_VER
 
 log() { printf 'test-servers: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -58,9 +78,41 @@ install_one() {
 	rm -rf "$tmp"
 }
 
+# install_seaweedfs: download the SeaweedFS module (outside any module, so
+# the clone's go.mod and go.sum stay untouched), build ./weed in a writable
+# copy of it (the module cache is read-only) and move the binary into place.
+install_seaweedfs() {
+	[[ -x $SEAWEEDFS_BIN ]] && return 0
+	command -v go >/dev/null || die "go is not on PATH"
+	mkdir -p "$BIN_DIR"
+	local t0=$SECONDS logf=$BIN_DIR/install-seaweedfs.log tmp json dir
+	log "building SeaweedFS $SEAWEEDFS_VER into $BIN_DIR (first run only, 5-8 minutes)"
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/ckptkit-seaweedfs.XXXXXX")
+	if ! json=$(cd "$tmp" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "$SEAWEEDFS_MOD@$SEAWEEDFS_VER" 2>"$logf"); then
+		printf '%s\n' "$json" >>"$logf"
+		rm -rf "$tmp"
+		tail -n 20 "$logf" >&2 || true
+		die "go mod download $SEAWEEDFS_MOD@$SEAWEEDFS_VER failed; see $logf"
+	fi
+	dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")
+	[[ -n $dir && -d $dir ]] || { rm -rf "$tmp"; die "go mod download printed no module directory: $json"; }
+	cp -R "$dir" "$tmp/src"
+	chmod -R u+w "$tmp/src"
+	# Built next to its final name, so the rename into place is atomic.
+	if ! (cd "$tmp/src" && GOWORK=off GOFLAGS=-buildvcs=false go build -ldflags='-s -w' -o "$SEAWEEDFS_BIN.tmp.$$" ./weed) >>"$logf" 2>&1; then
+		rm -rf "$tmp" "$SEAWEEDFS_BIN.tmp.$$"
+		tail -n 20 "$logf" >&2 || true
+		die "building SeaweedFS failed; see $logf"
+	fi
+	mv -f "$SEAWEEDFS_BIN.tmp.$$" "$SEAWEEDFS_BIN"
+	rm -rf "$tmp"
+	log "built SeaweedFS in $((SECONDS - t0))s"
+}
+
 cmd_install() {
 	command -v go >/dev/null || die "go is not on PATH"
 	mkdir -p "$BIN_DIR"
+	[[ $WITH_SEAWEEDFS == 1 ]] && install_seaweedfs
 	if [[ -x $VERSITYGW_BIN && -x $FAKEGCS_BIN ]]; then
 		return 0
 	fi
@@ -86,16 +138,39 @@ free_port() {
 	die "no free port found"
 }
 
-# wait_http URL PID NAME LOG: poll until the server answers HTTP (any status).
+# wait_http URL PID NAME LOG [TIMEOUT]: poll until the server answers HTTP
+# (any status).
 wait_http() {
-	local url=$1 pid=$2 name=$3 logf=$4 deadline=$((SECONDS + READY_TIMEOUT))
+	local url=$1 pid=$2 name=$3 logf=$4 timeout=${5:-$READY_TIMEOUT}
+	local deadline=$((SECONDS + timeout))
 	while ((SECONDS < deadline)); do
 		kill -0 "$pid" 2>/dev/null || { tail -n 20 "$logf" >&2 || true; die "$name exited during startup; see $logf"; }
 		if curl_like "$url"; then return 0; fi
 		sleep 0.1
 	done
 	tail -n 20 "$logf" >&2 || true
-	die "$name not ready after ${READY_TIMEOUT}s; see $logf"
+	die "$name not ready after ${timeout}s; see $logf"
+}
+
+# http_status URL: print the HTTP status of a GET of URL (000 when nothing
+# answers).
+http_status() {
+	local url=$1
+	if command -v curl >/dev/null; then
+		curl -s -o /dev/null --max-time 2 -w '%{http_code}' "$url" || true
+		return
+	fi
+	local hostport=${url#http://}
+	hostport=${hostport%%/*}
+	local path=/${url#http://*/}
+	local host=${hostport%:*} port=${hostport##*:} line=
+	if { exec 3<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+		printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$path" "$hostport" >&3
+		IFS= read -r -t 2 line <&3 || true
+		exec 3>&-
+	fi
+	line=$(awk '{print $2}' <<<"$line")
+	echo "${line:-000}"
 }
 
 # curl_like URL: true when an HTTP server answers on URL. Uses curl when
@@ -136,7 +211,8 @@ spawn() {
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 cmd_start() {
-	if pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid" && [[ -f $ENV_FILE ]]; then
+	if pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid" && [[ -f $ENV_FILE ]] &&
+		{ [[ $WITH_SEAWEEDFS == 0 ]] || pid_alive "$RUN_DIR/seaweedfs.pid"; }; then
 		log "servers already running (run dir $RUN_DIR)"
 		cat "$ENV_FILE"
 		return 0
@@ -183,9 +259,76 @@ export AWS_REGION='us-east-1'
 export CKPTKIT_TEST_GCS_URL='gs://$BUCKET'
 export STORAGE_EMULATOR_HOST='127.0.0.1:$gcsport'
 ENV
+	if [[ $WITH_SEAWEEDFS == 1 ]]; then
+		start_seaweedfs "$access" "$secret" "$s3port" "$gcsport"
+	fi
 	trap - EXIT
 	log "started versitygw on 127.0.0.1:$s3port and fake-gcs-server on 127.0.0.1:$gcsport in $((SECONDS - t0))s (logs in $RUN_DIR)"
 	cat "$ENV_FILE"
+}
+
+# start_seaweedfs ACCESS SECRET USED_PORT...: start `weed mini` with every
+# port it listens on chosen free, wait until its S3 gateway answers and the
+# bucket exists, and append its URL to the env file.
+start_seaweedfs() {
+	local access=$1 secret=$2 t0=$SECONDS
+	shift 2
+	local used=" $* " names=(master master_grpc volume volume_grpc filer filer_grpc s3 s3_grpc admin admin_grpc) n p
+	declare -A port
+	for n in "${names[@]}"; do
+		p=$(free_port)
+		while [[ $used == *" $p "* ]]; do p=$(free_port); done
+		used+="$p "
+		port[$n]=$p
+	done
+	local dir=$RUN_DIR/seaweedfs cfg=$RUN_DIR/seaweedfs-s3.json
+	mkdir -p "$dir"
+	# Static keys: the same pair as versitygw, so one AWS_* pair serves both.
+	(
+		umask 077
+		cat >"$cfg" <<JSON
+{
+  "identities": [
+    {
+      "name": "ckptkit-test",
+      "credentials": [{"accessKey": "$access", "secretKey": "$secret"}],
+      "actions": ["Admin", "Read", "List", "Tagging", "Write"]
+    }
+  ]
+}
+JSON
+	)
+	chmod 600 "$cfg"
+	# Unix sockets go to the run dir when its path is short enough for one.
+	local sockets=()
+	if ((${#dir} < 90)); then
+		sockets=(-filer.localSocket="$dir/filer.sock" -s3.localSocket="$dir/s3.sock")
+	fi
+	spawn seaweedfs "$SEAWEEDFS_BIN" -logtostderr mini -dir="$dir" \
+		-ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
+		-master.port="${port[master]}" -master.port.grpc="${port[master_grpc]}" \
+		-volume.port="${port[volume]}" -volume.port.grpc="${port[volume_grpc]}" \
+		-filer.port="${port[filer]}" -filer.port.grpc="${port[filer_grpc]}" \
+		-s3.port="${port[s3]}" -s3.port.grpc="${port[s3_grpc]}" \
+		-admin.port="${port[admin]}" -admin.port.grpc="${port[admin_grpc]}" -admin.port.legacy=0 \
+		-s3.port.iceberg=0 -s3.port.lance=0 -webdav=false -admin.ui=false \
+		"${sockets[@]}" -s3.config="$cfg" -bucket="$BUCKET"
+	local pid logf=$RUN_DIR/seaweedfs.log
+	pid=$(cat "$RUN_DIR/seaweedfs.pid")
+	wait_http "http://127.0.0.1:${port[s3]}/" "$pid" seaweedfs "$logf" "$SEAWEEDFS_READY_TIMEOUT"
+	# weed mini creates the bucket (-bucket) once all its services run; the
+	# filer's HTTP API shows it as the directory /buckets/<bucket>/.
+	local deadline=$((SECONDS + SEAWEEDFS_READY_TIMEOUT))
+	until [[ $(http_status "http://127.0.0.1:${port[filer]}/buckets/$BUCKET/") == 200 ]]; do
+		kill -0 "$pid" 2>/dev/null || { tail -n 20 "$logf" >&2 || true; die "seaweedfs exited during startup; see $logf"; }
+		((SECONDS < deadline)) || { tail -n 20 "$logf" >&2 || true; die "seaweedfs did not create bucket $BUCKET in ${SEAWEEDFS_READY_TIMEOUT}s; see $logf"; }
+		sleep 0.2
+	done
+	(
+		umask 077
+		echo "export CKPTKIT_TEST_S3_SEAWEED_URL='s3://$BUCKET?endpoint=127.0.0.1:${port[s3]}&insecure=true&path_style=true&region=us-east-1'" >>"$ENV_FILE"
+	)
+	log "started seaweedfs (weed mini) with S3 on 127.0.0.1:${port[s3]}, filer on 127.0.0.1:${port[filer]} in $((SECONDS - t0))s"
 }
 
 create_gcs_bucket() {
@@ -207,13 +350,15 @@ create_gcs_bucket() {
 	esac
 }
 
+# stop_one NAME [TENTHS]: SIGTERM, wait up to TENTHS/10 s (default 5 s),
+# then SIGKILL.
 stop_one() {
-	local name=$1 pidf=$RUN_DIR/$1.pid pid
+	local name=$1 pidf=$RUN_DIR/$1.pid pid tenths=${2:-50}
 	[[ -f $pidf ]] || return 0
 	pid=$(cat "$pidf")
 	if kill -0 "$pid" 2>/dev/null; then
 		kill "$pid" 2>/dev/null || true
-		for _ in $(seq 1 50); do
+		for _ in $(seq 1 "$tenths"); do
 			kill -0 "$pid" 2>/dev/null || break
 			sleep 0.1
 		done
@@ -223,13 +368,15 @@ stop_one() {
 	rm -f "$pidf"
 }
 
-# cmd_stop stops both servers and removes their data and the env file (it
-# holds the run's keys); the logs stay until the next start.
+# cmd_stop stops the servers and removes their data, the env file and the
+# SeaweedFS S3 config (both hold the run's keys); the logs stay until the
+# next start.
 cmd_stop() {
 	[[ -d $RUN_DIR ]] || return 0
 	stop_one versitygw
 	stop_one fake-gcs-server
-	rm -rf "$RUN_DIR/s3root" "$ENV_FILE"
+	stop_one seaweedfs 150
+	rm -rf "$RUN_DIR/s3root" "$RUN_DIR/seaweedfs" "$RUN_DIR/seaweedfs-s3.json" "$ENV_FILE"
 }
 
 cmd_env() {
@@ -237,8 +384,12 @@ cmd_env() {
 	cat "$ENV_FILE"
 }
 
+# cmd_status also requires SeaweedFS when it was started (or is asked for).
 cmd_status() {
-	pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid"
+	pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid" || return 1
+	if [[ $WITH_SEAWEEDFS == 1 || -f $RUN_DIR/seaweedfs.pid ]]; then
+		pid_alive "$RUN_DIR/seaweedfs.pid"
+	fi
 }
 
 case ${1:-} in
