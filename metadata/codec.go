@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	gojson "github.com/goccy/go-json"
 )
 
 // ErrNewerFormat is returned when a checkpoint was written in a newer major
@@ -41,7 +43,7 @@ func Encode(c *Checkpoint) ([]byte, error) {
 		return nil, err
 	}
 	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
+	enc := gojson.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(c); err != nil {
 		return nil, fmt.Errorf("encode metadata: %w", err)
@@ -56,24 +58,21 @@ func Decode(data []byte) (*Checkpoint, error) {
 	if len(data) > MaxSize {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrInvalid, len(data), MaxSize)
 	}
-	var head struct {
-		Format  string `json:"format"`
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(data, &head); err != nil {
+	format, version, err := readHead(data)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	if head.Format != FormatName {
-		return nil, fmt.Errorf("%w: format %q, want %q", ErrInvalid, head.Format, FormatName)
+	if format != FormatName {
+		return nil, fmt.Errorf("%w: format %q, want %q", ErrInvalid, format, FormatName)
 	}
-	major, minor, err := ParseVersion(head.Version)
+	major, minor, err := ParseVersion(version)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if major > MajorVersion {
-		return nil, fmt.Errorf("%w: written as format %s, this reader understands %d.x; upgrade ckptkit", ErrNewerFormat, head.Version, MajorVersion)
+		return nil, fmt.Errorf("%w: written as format %s, this reader understands %d.x; upgrade ckptkit", ErrNewerFormat, version, MajorVersion)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
+	dec := gojson.NewDecoder(bytes.NewReader(data))
 	if major == MajorVersion && minor <= MinorVersion {
 		dec.DisallowUnknownFields()
 	}
@@ -88,6 +87,47 @@ func Decode(data []byte) (*Checkpoint, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// readHead returns the "format" and "version" members of the top-level
+// object without parsing the rest: it scans tokens and skips other members'
+// values, stopping as soon as both are found (Encode writes them first), so
+// a huge metadata object is not parsed twice.
+func readHead(data []byte) (format, version string, err error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return "", "", err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return "", "", errors.New("metadata is not a JSON object")
+	}
+	var haveFormat, haveVersion bool
+	for dec.More() && !(haveFormat && haveVersion) {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", "", err
+		}
+		key, _ := tok.(string)
+		switch key {
+		case "format":
+			haveFormat = true
+			if err := dec.Decode(&format); err != nil {
+				return "", "", fmt.Errorf("format: %w", err)
+			}
+		case "version":
+			haveVersion = true
+			if err := dec.Decode(&version); err != nil {
+				return "", "", fmt.Errorf("version: %w", err)
+			}
+		default:
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return "", "", err
+			}
+		}
+	}
+	return format, version, nil
 }
 
 // ParseVersion splits "MAJOR.MINOR".
@@ -133,13 +173,15 @@ func (c *Checkpoint) Validate() error {
 		}
 		objects[o.Key] = o.Size
 	}
-	inObject := func(what, obj string, off, n int64) error {
+	// what names the entry lazily: building it per chunk would dominate
+	// the validation of a million-chunk checkpoint.
+	inObject := func(what func() string, obj string, off, n int64) error {
 		size, ok := objects[obj]
 		if !ok {
-			return bad("%s refers to object %q, which is not listed", what, obj)
+			return bad("%s refers to object %q, which is not listed", what(), obj)
 		}
 		if off < 0 || n < 0 || off+n > size {
-			return bad("%s range [%d,%d) is outside object %q of %d bytes", what, off, off+n, obj, size)
+			return bad("%s range [%d,%d) is outside object %q of %d bytes", what(), off, off+n, obj, size)
 		}
 		return nil
 	}
@@ -176,7 +218,7 @@ func (c *Checkpoint) Validate() error {
 			if ch.Encoding == EncodingRaw && ch.Length != n*es {
 				return bad("tensor %q chunk %d: length %d, want %d for %v of %s", t.Key, j, ch.Length, n*es, ch.Sizes, t.DType)
 			}
-			if err := inObject(fmt.Sprintf("tensor %q chunk %d", t.Key, j), ch.Object, ch.Offset, ch.Length); err != nil {
+			if err := inObject(func() string { return fmt.Sprintf("tensor %q chunk %d", t.Key, j) }, ch.Object, ch.Offset, ch.Length); err != nil {
 				return err
 			}
 		}
@@ -191,7 +233,7 @@ func (c *Checkpoint) Validate() error {
 		if seen[b.Key] {
 			return bad("key %q is both a tensor and a bytes entry", b.Key)
 		}
-		if err := inObject(fmt.Sprintf("bytes %q", b.Key), b.Object, b.Offset, b.Length); err != nil {
+		if err := inObject(func() string { return fmt.Sprintf("bytes %q", b.Key) }, b.Object, b.Offset, b.Length); err != nil {
 			return err
 		}
 	}
