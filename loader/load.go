@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -204,7 +205,7 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
 
-	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency}
+	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency, maxRead: opts.MaxReadBytes}
 	mode := ModeStaged
 	switch {
 	case opts.Direct:
@@ -315,6 +316,7 @@ type executor struct {
 	owners  []keyRef
 	targets []*statedict.StateDict
 	conc    int
+	maxRead int64
 
 	mu   sync.Mutex
 	sets []bytesSet // bytes values, applied last
@@ -330,10 +332,23 @@ type bytesSet struct {
 func (ex *executor) stream(ctx context.Context, fill bool) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(ex.conc)
+	pool := newBufPool(ex.conc, ex.maxRead)
 	for i := range ex.plan.Ops {
 		op := &ex.plan.Ops[i]
 		g.Go(func() error {
-			buf := make([]byte, op.Length)
+			if fill {
+				if dst, ok := ex.directTarget(op); ok {
+					// Read straight into the target and check it there: one
+					// copy, as a plain file read makes.
+					if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, dst); err != nil {
+						return err
+					}
+					_, err := ex.c.verifyChunk(op, &op.Chunks[0], dst)
+					return err
+				}
+			}
+			buf := pool.get(op.Length)
+			defer pool.put(buf)
 			if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
@@ -359,6 +374,90 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 		ex.applyBytes()
 	}
 	return nil
+}
+
+// directTarget returns the target bytes an op can be read into directly:
+// the op is one raw chunk copied whole into one target whose bytes for it
+// are contiguous (a row shard into a row shard, say).
+func (ex *executor) directTarget(op *planner.ReadOp) ([]byte, bool) {
+	if len(op.Chunks) != 1 {
+		return nil, false
+	}
+	cr := &op.Chunks[0]
+	if cr.Chunk < 0 || len(cr.Copies) != 1 || cr.Start != 0 || cr.Length != op.Length {
+		return nil, false
+	}
+	te := &ex.c.md.Tensors[cr.Entry]
+	ch := &te.Chunks[cr.Chunk]
+	cp := &cr.Copies[0]
+	if ch.Encoding != metadata.EncodingRaw || !slices.Equal(cp.Offsets, ch.Offsets) || !slices.Equal(cp.Sizes, ch.Sizes) {
+		return nil, false
+	}
+	ref := ex.owners[cp.Request]
+	dst := ex.targets[ref.rank].Tensors[ref.key]
+	start, n, ok := contiguous(dst.Offsets, dst.Sizes, cp.Offsets, cp.Sizes)
+	elem := metadata.ElementSize(te.DType)
+	if !ok || n*elem != op.Length {
+		return nil, false
+	}
+	return dst.Data[start*elem : (start+n)*elem], true
+}
+
+// contiguous tells whether the box (global offsets and sizes) occupies one
+// contiguous run of a row-major chunk placed at offsets with extent sizes,
+// and returns the run's first element and element count.
+func contiguous(offsets, sizes, boxOffsets, boxSizes []int64) (start, n int64, ok bool) {
+	d := len(sizes)
+	// From the innermost dimension out, the box must span whole dimensions
+	// until the first partial one; every dimension outside that must be 1.
+	k := d - 1
+	for k >= 0 && boxOffsets[k] == offsets[k] && boxSizes[k] == sizes[k] {
+		k--
+	}
+	for j := 0; j < k; j++ {
+		if boxSizes[j] != 1 {
+			return 0, 0, false
+		}
+	}
+	n = 1
+	for j := range boxSizes {
+		n *= boxSizes[j]
+		start = start*sizes[j] + (boxOffsets[j] - offsets[j])
+	}
+	return start, n, true
+}
+
+// bufPool reuses read buffers of up to size bytes; larger requests get
+// their own. It keeps at most n, the number of reads in flight.
+type bufPool struct {
+	free chan []byte
+	size int64
+}
+
+func newBufPool(n int, size int64) *bufPool {
+	return &bufPool{free: make(chan []byte, n), size: size}
+}
+
+func (p *bufPool) get(n int64) []byte {
+	if n > p.size {
+		return make([]byte, n)
+	}
+	select {
+	case b := <-p.free:
+		return b[:n]
+	default:
+		return make([]byte, n, p.size)
+	}
+}
+
+func (p *bufPool) put(b []byte) {
+	if int64(cap(b)) != p.size {
+		return
+	}
+	select {
+	case p.free <- b:
+	default:
+	}
 }
 
 // applyAll copies staged, verified chunks into the targets, ops in parallel.

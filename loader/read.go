@@ -60,7 +60,7 @@ func (c *Checkpoint) readInto(ctx context.Context, sd *statedict.StateDict) erro
 	if err != nil {
 		return fmt.Errorf("read %s: %w", c.URL(), err)
 	}
-	ex := &executor{c: c, plan: plan, owners: owners, targets: []*statedict.StateDict{sd}, conc: 8}
+	ex := &executor{c: c, plan: plan, owners: owners, targets: []*statedict.StateDict{sd}, conc: 8, maxRead: planner.DefaultMaxReadBytes}
 	if err := ex.stream(ctx, true); err != nil {
 		return fmt.Errorf("read %s: %w", c.URL(), err)
 	}

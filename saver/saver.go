@@ -280,6 +280,9 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 	}
 	results := make([]objCRC, len(mine))
 	var written atomic.Int64
+	// The whole-object CRC costs a second pass over the bytes; only
+	// backends that verify it server-side get one.
+	objectCRC := st.Capabilities().ServerCRC32C
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opts.Concurrency)
 	for i, w := range mine {
@@ -295,13 +298,19 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				b := data[it.LocalIndex]
 				parts[j] = b
 				crcs[j] = crc32.Checksum(b, castagnoli)
-				obj = crc32.Update(obj, castagnoli, b)
+				if objectCRC {
+					obj = crc32.Update(obj, castagnoli, b)
+				}
 				off += int64(len(b))
 			}
 			if off != w.Size {
 				return fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
 			}
-			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(parts), backend.PutOptions{CRC32C: &obj, ContentType: "application/octet-stream"}); err != nil {
+			po := backend.PutOptions{ContentType: "application/octet-stream"}
+			if objectCRC {
+				po.CRC32C = &obj
+			}
+			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(parts), po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			written.Add(w.Size)

@@ -187,6 +187,15 @@ func (r *fileReader) Read(p []byte) (int, error) {
 
 func (r *fileReader) Close() error { return r.f.Close() }
 
+// copyBufs are Put's copy buffers: 1 MiB, so a large object is written in
+// few system calls (io.Copy's default is 32 KiB).
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
+// onlyWriter hides *os.File's ReadFrom, which would bypass the buffer.
+type onlyWriter struct{ w io.Writer }
+
+func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
+
 // ctxReader fails with the context's error between reads once ctx ends.
 type ctxReader struct {
 	ctx context.Context
@@ -232,7 +241,9 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		}
 	}()
 
-	n, err := io.Copy(f, io.LimitReader(ctxReader{ctx: ctx, r: r}, size+1))
+	buf := copyBufs.Get().(*[]byte)
+	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(ctxReader{ctx: ctx, r: r}, size+1), *buf)
+	copyBufs.Put(buf)
 	if err != nil {
 		return fmt.Errorf("write %q: %w", key, err)
 	}
