@@ -40,8 +40,8 @@ type Options struct {
 	Frozen []string
 	// Concurrency bounds concurrent read requests (default 8).
 	Concurrency int
-	// MaxReadBytes caps one coalesced read (default 16 MiB, so the read
-	// buffers in flight stay near Concurrency x 16 MiB).
+	// MaxReadBytes caps one coalesced read (default 8 MiB, so the read
+	// buffers in flight stay near Concurrency x 8 MiB).
 	MaxReadBytes int64
 	// StagingLimit is the most data a transactional load stages in memory
 	// before touching the targets (default 512 MiB). A larger load reads
@@ -74,7 +74,7 @@ func (o *Options) defaults() {
 		o.Concurrency = 8
 	}
 	if o.MaxReadBytes <= 0 {
-		o.MaxReadBytes = 16 << 20
+		o.MaxReadBytes = 8 << 20
 	}
 	if o.StagingLimit <= 0 {
 		o.StagingLimit = 512 << 20
@@ -317,6 +317,7 @@ type executor struct {
 	targets []*statedict.StateDict
 	conc    int
 	maxRead int64
+	pool    *bufPool
 
 	mu   sync.Mutex
 	sets []bytesSet // bytes values, applied last
@@ -332,7 +333,10 @@ type bytesSet struct {
 func (ex *executor) stream(ctx context.Context, fill bool) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(ex.conc)
-	pool := newBufPool(ex.conc, ex.maxRead)
+	if ex.pool == nil {
+		ex.pool = newBufPool(ex.conc, ex.maxRead) // shared by both passes
+	}
+	pool := ex.pool
 	for i := range ex.plan.Ops {
 		op := &ex.plan.Ops[i]
 		g.Go(func() error {
