@@ -29,8 +29,9 @@ import (
 var shmThreshold int64 = 1 << 20
 
 // putSlotsPerCall is how many put slots one write uses at most: the host
-// fills one while the plugin drains another.
-const putSlotsPerCall = 2
+// fills some while the plugin drains others (4 measured better than 2 for
+// 64 MiB objects: plugin/inproc ~0.87 against ~0.78 for memplugin).
+const putSlotsPerCall = 4
 
 // readShm opens a range on the ReadShm stream. It owns seg's reference.
 func (d *driver) readShm(ctx context.Context, in *instance, seg *shm.Segment, req *pb.ReadRequest) (io.ReadCloser, error) {

@@ -45,8 +45,8 @@ type server struct {
 }
 
 // readSlotsPerCall is how many read slots one ReadShm call uses at most:
-// enough to fill one while the host copies another out.
-const readSlotsPerCall = 2
+// enough to fill some while the host copies others out.
+const readSlotsPerCall = 4
 
 func newServer(cfg Config, log hclog.Logger) *server {
 	return &server{cfg: cfg, log: log, drivers: map[string]backend.Driver{}}
