@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# dcp_compare.sh - save and load the same ~1 GiB synthetic model (193 float32
+# tensors, from `ckptbench spec`) with PyTorch 1.13's DCP
+# (torch.distributed._shard.checkpoint, FileSystemWriter with
+# single_file_per_rank=True and sync_files=True, no_dist=True) and with
+# ckptkit (`ckptbench dcp`, one rank, default and Direct load modes), on the same disk,
+# alternating the two, and print the ratios (DCP time / ckptkit time).
+# Goals: ckptkit >= 1.5x DCP on save, >= 2x on load.
+#
+#   bench/dcp_compare.sh [--size 1GiB] [--runs 3] [--dir /tmp]
+#
+# Optional: it needs Debian's /usr/bin/python3 with torch; when
+# `python3 -c "import torch"` fails it prints one line and exits 0. To
+# install (about 150 s, ~850 MB): apt-get update && apt-get install -y
+# python3-torch python3-numpy
+set -euo pipefail
+
+SIZE=1GiB RUNS=3 DIR=${TMPDIR:-/tmp}
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--size) SIZE=$2; shift 2 ;;
+	--runs) RUNS=$2; shift 2 ;;
+	--dir) DIR=$2; shift 2 ;;
+	*) echo "usage: $0 [--size 1GiB] [--runs 3] [--dir /tmp]" >&2; exit 2 ;;
+	esac
+done
+
+PY=/usr/bin/python3
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+	echo "dcp_compare: skipped: $PY cannot import torch (install: apt-get update && apt-get install -y python3-torch python3-numpy, ~150 s)"
+	exit 0
+fi
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+WORK=$(mktemp -d "$DIR/dcp-compare.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+(cd "$ROOT" && go build -o "$WORK/ckptbench" ./bench/cmd/ckptbench)
+"$WORK/ckptbench" spec --size "$SIZE" >"$WORK/spec.json"
+
+# The DCP side: one save (fresh directory) and one load per invocation,
+# printed as JSON {"save": s, "load": s}.
+cat >"$WORK/dcp_run.py" <<'PY'
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+
+# torch 1.13's sharded_tensor/metadata.py declares
+# `field(default=TensorProperties())`, which Python 3.11 rejects (mutable
+# default). Patch that one declaration in memory, at import time, into the
+# default_factory form torch 2.0 uses; the installed file is untouched.
+TARGET = "torch.distributed._shard.sharded_tensor.metadata"
+
+
+class _PatchLoader(importlib.machinery.SourceFileLoader):
+    # Always compile from the patched source (never the cached bytecode).
+    def get_code(self, fullname):
+        source = self.get_data(self.path)
+        fixed = source.replace(b"field(default=TensorProperties())", b"field(default_factory=TensorProperties)")
+        if fixed == source:
+            raise ImportError(f"{fullname}: the expected TensorProperties default was not found; shim not applied")
+        return compile(fixed, self.path, "exec", dont_inherit=True)
+
+
+class _PatchFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.origin is None:
+            return None
+        return importlib.util.spec_from_file_location(name, spec.origin, loader=_PatchLoader(name, spec.origin))
+
+
+sys.meta_path.insert(0, _PatchFinder())
+
+import torch  # noqa: E402
+import torch.distributed._shard.checkpoint as dcp  # noqa: E402
+
+spec_path, work = sys.argv[1], sys.argv[2]
+with open(spec_path) as f:
+    spec = json.load(f)
+torch.manual_seed(0)
+src = {t["key"]: torch.rand(*t["shape"], dtype=torch.float32) for t in spec}
+ck = os.path.join(work, "dcp-ckpt")
+shutil.rmtree(ck, ignore_errors=True)
+os.makedirs(ck)
+t0 = time.perf_counter()
+dcp.save_state_dict(src, dcp.FileSystemWriter(ck, single_file_per_rank=True, sync_files=True), no_dist=True)
+save = time.perf_counter() - t0
+dst = {t["key"]: torch.empty(*t["shape"], dtype=torch.float32) for t in spec}
+for v in dst.values():
+    v.zero_()
+t0 = time.perf_counter()
+dcp.load_state_dict(dst, dcp.FileSystemReader(ck), no_dist=True)
+load = time.perf_counter() - t0
+for k in list(src)[::16]:
+    if not torch.equal(src[k], dst[k]):
+        raise SystemExit(f"DCP load of {k} differs from what was saved")
+shutil.rmtree(ck)
+print(json.dumps({"save": save, "load": load, "tensors": len(spec)}))
+PY
+
+echo "dcp_compare: $SIZE, $RUNS runs each, alternating; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for i in $(seq 1 "$RUNS"); do
+	"$PY" "$WORK/dcp_run.py" "$WORK/spec.json" "$WORK" >>"$WORK/dcp.jsonl"
+	"$WORK/ckptbench" dcp --dir "$WORK" --size "$SIZE" --runs 1 >>"$WORK/ckptkit.jsonl"
+	echo "dcp_compare: run $i: DCP $(tail -1 "$WORK/dcp.jsonl") ckptkit $(tail -1 "$WORK/ckptkit.jsonl" | cut -c1-120)" >&2
+done
+
+"$PY" - "$WORK/dcp.jsonl" "$WORK/ckptkit.jsonl" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
+import json
+import statistics
+import sys
+
+dcp = [json.loads(l) for l in open(sys.argv[1])]
+ck = [json.loads(l) for l in open(sys.argv[2])]
+print(f"{'figure':<28}{'ckptkit s':>24}{'DCP s':>24}{'ratio (DCP/ckptkit)':>26}  goal    met?")
+for op, goal in (("save", 1.5), ("load", 2.0), ("load_direct", 2.0)):
+    a = [c[op]["median"] for c in ck]
+    b = [d[op.replace("_direct", "")] for d in dcp]
+    pairs = [y / x for x, y in zip(a, b)]
+    ratio = statistics.median(b) / statistics.median(a)
+    fmt = lambda xs: f"{statistics.median(xs):.2f} [{min(xs):.2f}, {max(xs):.2f}]"
+    print(f"{op + ' (' + str(ck[0]['tensors']) + ' tensors)':<28}{fmt(a):>24}{fmt(b):>24}"
+          f"{f'{ratio:.2f} [{min(pairs):.2f}, {max(pairs):.2f}]':>26}  >= {goal}  {'yes' if ratio >= goal else 'NO'}")
+print(f"ckptkit load modes: {ck[0]['load_mode']} (default), {ck[0]['load_direct_mode']} (Direct); DCP loads in one pass")
+print(f"load average at the end: {sys.argv[3]}")
+PY
