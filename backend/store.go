@@ -141,7 +141,7 @@ func (s *Store) retryLoop(ctx context.Context, f func() error) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return fmt.Errorf("%w (while retrying: %w)", ctx.Err(), err)
 		case <-t.C:
 		}
 		delay *= 2
@@ -152,6 +152,17 @@ func (s *Store) retryLoop(ctx context.Context, f func() error) error {
 // NewRangeReader opens length bytes of key from offset (length < 0: to the
 // end). Opening is retried on transient errors; the stream itself is not.
 func (s *Store) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	var rc io.ReadCloser
+	err := s.retryLoop(ctx, func() error {
+		var e error
+		rc, e = s.open(ctx, key, offset, length)
+		return e
+	})
+	return rc, err
+}
+
+// open is one attempt of NewRangeReader.
+func (s *Store) open(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
 	full, err := s.full(key)
 	if err != nil {
 		return nil, err
@@ -159,14 +170,9 @@ func (s *Store) NewRangeReader(ctx context.Context, key string, offset, length i
 	if offset < 0 {
 		return nil, &Error{Op: "read", URL: s.URL(key), Code: CodeInvalidKey, Err: fmt.Errorf("negative offset %d", offset)}
 	}
-	var rc io.ReadCloser
-	err = s.retryLoop(ctx, func() error {
-		var e error
-		rc, e = s.drv.NewRangeReader(ctx, full, offset, length)
-		return s.wrap("read", key, e)
-	})
+	rc, err := s.drv.NewRangeReader(ctx, full, offset, length)
 	if err != nil {
-		return nil, err
+		return nil, s.wrap("read", key, err)
 	}
 	return &wrappedReader{rc: rc, s: s, key: key}, nil
 }
@@ -191,7 +197,7 @@ func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Clo
 // object is an io.ErrUnexpectedEOF naming the key.
 func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []byte) error {
 	return s.retryLoop(ctx, func() error {
-		rc, err := s.NewRangeReader(ctx, key, offset, int64(len(dst)))
+		rc, err := s.open(ctx, key, offset, int64(len(dst)))
 		if err != nil {
 			return err
 		}
@@ -212,7 +218,7 @@ func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []b
 func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, error) {
 	var out []byte
 	err := s.retryLoop(ctx, func() error {
-		rc, err := s.NewRangeReader(ctx, key, 0, -1)
+		rc, err := s.open(ctx, key, 0, -1)
 		if err != nil {
 			return err
 		}
@@ -249,24 +255,14 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 	if opts.IfNotExists && !s.drv.Capabilities().CreateIfAbsent {
 		return &Error{Op: "write", URL: s.URL(key), Code: CodeUnsupported, Err: errors.New("create-if-absent not supported")}
 	}
-	seeker, canRewind := r.(io.Seeker)
+	seeker, canRewind := r.(io.ReadSeeker)
 	var start int64
 	if canRewind {
 		if start, err = seeker.Seek(0, io.SeekCurrent); err != nil {
 			canRewind = false
 		}
 	}
-	first := true
-	return s.retryLoop(ctx, func() error {
-		if !first {
-			if !canRewind {
-				return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: errors.New("transient failure and the source cannot be rewound")}
-			}
-			if _, err := seeker.Seek(start, io.SeekStart); err != nil {
-				return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("rewind source: %w", err)}
-			}
-		}
-		first = false
+	attempt := func() error {
 		sr := &sizedReader{ctx: ctx, r: r, remaining: size}
 		if size == 0 {
 			// A driver may publish an empty object without reading the body
@@ -278,7 +274,7 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 		err := s.drv.Put(ctx, full, size, sr, opts)
 		if sr.err != nil && err != nil {
 			// The source's failure is the cause; report it, classified.
-			return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(sr.err), Err: fmt.Errorf("%w (driver: %v)", sr.err, err)}
+			return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(sr.err), Err: sr.err}
 		}
 		if err == nil && sr.err != nil {
 			// A driver that ignored the source error published something:
@@ -286,7 +282,64 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 			return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("driver published despite source error: %w", sr.err)}
 		}
 		return s.wrap("write", key, err)
+	}
+	if !canRewind {
+		// A body that cannot be replayed gets one attempt, and its real
+		// error.
+		return attempt()
+	}
+	retried := false
+	err = s.retryLoop(ctx, func() error {
+		if retried {
+			if _, err := seeker.Seek(start, io.SeekStart); err != nil {
+				return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("rewind source: %w", err)}
+			}
+		}
+		err := attempt()
+		if retried && opts.IfNotExists && errors.Is(err, ErrAlreadyExists) {
+			// The failed attempt may have committed before its response was
+			// lost: if the object holds exactly our bytes, the write is ours.
+			if same, serr := s.holds(ctx, key, size, seeker, start); serr == nil && same {
+				return nil
+			}
+		}
+		retried = true
+		return err
 	})
+	return err
+}
+
+// holds reports whether key holds exactly the size bytes that r yields
+// from start (r is rewound first).
+func (s *Store) holds(ctx context.Context, key string, size int64, r io.ReadSeeker, start int64) (bool, error) {
+	a, err := s.Stat(ctx, key)
+	if err != nil || a.Size != size {
+		return false, err
+	}
+	if _, err := r.Seek(start, io.SeekStart); err != nil {
+		return false, err
+	}
+	rc, err := s.open(ctx, key, 0, size)
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	const chunk = 1 << 20
+	a1, a2 := make([]byte, chunk), make([]byte, chunk)
+	for left := size; left > 0; {
+		n := min(left, chunk)
+		if _, err := io.ReadFull(rc, a1[:n]); err != nil {
+			return false, err
+		}
+		if _, err := io.ReadFull(r, a2[:n]); err != nil {
+			return false, err
+		}
+		if !bytes.Equal(a1[:n], a2[:n]) {
+			return false, nil
+		}
+		left -= n
+	}
+	return true, nil
 }
 
 // PutBytes writes data to key (retryable, since the body rewinds).
@@ -388,12 +441,12 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 	if err != nil {
 		return &Error{Op: "list", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
 	}
+	// A listing is retried only while nothing has been delivered: after
+	// that a failure is returned, never a silently shortened listing.
 	started := false
 	var fnErr error
+	errStarted := errors.New("listing failed after entries were delivered")
 	err = s.retryLoop(ctx, func() error {
-		if started {
-			return nil
-		}
 		e := s.drv.List(ctx, s.prefix+p, func(o ObjectInfo) error {
 			started = true
 			o.Key = strings.TrimPrefix(o.Key, s.prefix)
@@ -406,11 +459,20 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 			}
 			return nil
 		})
-		if fnErr != nil {
-			return fnErr
+		switch {
+		case fnErr != nil:
+			return &Error{Op: "list", URL: s.URL(prefix), Code: CodeUnknown, Err: fnErr}
+		case e != nil && started:
+			if w := s.wrap("list", prefix, e); !IsTransient(w) {
+				return w
+			}
+			return &Error{Op: "list", URL: s.URL(prefix), Code: CodeUnknown, Err: fmt.Errorf("%w: %w", errStarted, e)}
 		}
 		return s.wrap("list", prefix, e)
 	})
+	if fnErr != nil {
+		return fnErr
+	}
 	return err
 }
 

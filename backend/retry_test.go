@@ -1,0 +1,133 @@
+package backend_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/mem"
+)
+
+var errFlaky = errors.New("flaky: 503 slow down")
+
+// flaky wraps a driver and injects transient failures.
+type flaky struct {
+	backend.Driver
+	listBreakAfter int          // List fails after this many entries (0: never)
+	lostPutReply   atomic.Int32 // Puts that commit and then report a transient error
+	failOpens      atomic.Int32 // NewRangeReader calls that fail transiently
+	opens          atomic.Int32
+}
+
+func (f *flaky) ErrorCode(err error) backend.Code {
+	if errors.Is(err, errFlaky) {
+		return backend.CodeTransient
+	}
+	return f.Driver.ErrorCode(err)
+}
+
+func (f *flaky) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	n := 0
+	return f.Driver.List(ctx, prefix, func(o backend.ObjectInfo) error {
+		if f.listBreakAfter > 0 && n == f.listBreakAfter {
+			return errFlaky
+		}
+		n++
+		return fn(o)
+	})
+}
+
+func (f *flaky) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	err := f.Driver.Put(ctx, key, size, r, opts)
+	if err == nil && f.lostPutReply.Add(-1) >= 0 {
+		return errFlaky
+	}
+	return err
+}
+
+func (f *flaky) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	f.opens.Add(1)
+	if f.failOpens.Add(-1) >= 0 {
+		return nil, errFlaky
+	}
+	return f.Driver.NewRangeReader(ctx, key, offset, length)
+}
+
+func flakyStore(t *testing.T) (*backend.Store, *flaky) {
+	t.Helper()
+	f := &flaky{Driver: mem.New()}
+	st, err := backend.NewStore(f, "mem://flaky", "")
+	require.NoError(t, err)
+	return st.WithRetry(backend.RetryPolicy{Attempts: 4, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}), f
+}
+
+// Regression (review): a listing that failed after delivering entries was
+// retried into a silent success with entries missing.
+func TestListFailingMidwayIsAnError(t *testing.T) {
+	st, f := flakyStore(t)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		require.NoError(t, st.PutBytes(ctx, k, []byte(k), backend.PutOptions{}))
+	}
+	f.listBreakAfter = 2
+	var got []string
+	err := st.List(ctx, "", func(o backend.ObjectInfo) error { got = append(got, o.Key); return nil })
+	require.Error(t, err, "a shortened listing must not look complete")
+	require.False(t, backend.IsTransient(err))
+	require.Equal(t, []string{"a", "b"}, got)
+}
+
+// Regression (review): a create-if-absent write whose reply was lost after
+// it committed was retried and reported ErrAlreadyExists for its own commit.
+func TestConditionalPutWithLostReplyIsOurs(t *testing.T) {
+	st, f := flakyStore(t)
+	ctx := context.Background()
+	f.lostPutReply.Store(1)
+	require.NoError(t, st.PutBytes(ctx, "meta", []byte("ours"), backend.PutOptions{IfNotExists: true}))
+	// Someone else's object is still refused.
+	f.lostPutReply.Store(1)
+	require.NoError(t, st.PutBytes(ctx, "other", []byte("theirs"), backend.PutOptions{}))
+	err := st.PutBytes(ctx, "other", []byte("ours!!"), backend.PutOptions{IfNotExists: true})
+	require.ErrorIs(t, err, backend.ErrAlreadyExists)
+}
+
+// Regression (review): a body that cannot be rewound lost its real error to
+// "cannot be rewound" after a useless backoff.
+func TestUnrewindableBodyKeepsItsError(t *testing.T) {
+	st, f := flakyStore(t)
+	f.lostPutReply.Store(1)
+	err := st.Put(context.Background(), "k", 3, io.MultiReader(strings.NewReader("abc")), backend.PutOptions{})
+	require.ErrorIs(t, err, backend.ErrTransient)
+	require.Contains(t, err.Error(), "slow down")
+}
+
+// Regression (review): ReadRange retried inside a retry, 16 opens for 4.
+func TestReadRetriesAreNotMultiplied(t *testing.T) {
+	st, f := flakyStore(t)
+	ctx := context.Background()
+	require.NoError(t, st.PutBytes(ctx, "k", []byte("data"), backend.PutOptions{}))
+	f.failOpens.Store(100)
+	err := st.ReadRange(ctx, "k", 0, make([]byte, 4))
+	require.ErrorIs(t, err, backend.ErrTransient)
+	require.Equal(t, int32(4), f.opens.Load())
+}
+
+// A retry interrupted by cancellation reports the cancellation.
+func TestCancelledBackoffReportsTheContext(t *testing.T) {
+	f := &flaky{Driver: mem.New()}
+	st, err := backend.NewStore(f, "mem://flaky", "")
+	require.NoError(t, err)
+	st = st.WithRetry(backend.RetryPolicy{Attempts: 4, BaseDelay: time.Hour, MaxDelay: time.Hour})
+	f.failOpens.Store(100)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = st.NewRangeReader(ctx, "k", 0, -1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
