@@ -2,7 +2,6 @@ package loader
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"log/slog"
@@ -48,12 +47,13 @@ type Options struct {
 	// twice instead: a verify pass (every CRC checked, nothing kept), then
 	// a copy pass that checks every CRC again while filling the targets.
 	StagingLimit int64
-	// Direct fills the targets in one pass, each read verified before it
-	// is copied, with memory bounded by Concurrency x MaxReadBytes. It gives
-	// up transactionality for data errors only: every resume rule is still
-	// checked before any I/O, but a read or checksum failure midway leaves
-	// the targets partly filled. Use it when a failed load ends the process
-	// anyway.
+	// Direct fills the targets in one pass, with memory bounded by
+	// Concurrency x MaxReadBytes: each read is checked against its CRC32C
+	// before (or, when read straight into a contiguous target, right after)
+	// it lands. It gives up transactionality for data errors only: every
+	// resume rule is still checked before any I/O, but a read or checksum
+	// failure midway leaves the targets partly filled (ErrTargetsPartlyFilled).
+	// Use it when a failed load ends the process anyway.
 	Direct bool
 	// Logger receives the one summary line of a load that pruned lazy
 	// state or skipped the optimizer (default slog.Default()).
@@ -210,12 +210,16 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 	switch {
 	case opts.Direct:
 		mode = ModeDirect
-		err = ex.stream(ctx, true)
+		if err = ex.stream(ctx, true); err != nil {
+			err = fmt.Errorf("%w (direct mode): %w", ErrTargetsPartlyFilled, err)
+		}
 	case plan.BytesRead > opts.StagingLimit:
 		mode = ModeVerifyThenCopy
 		if err = ex.stream(ctx, false); err == nil {
-			if err = ex.stream(ctx, true); err != nil && errors.Is(err, ErrChecksum) {
-				err = fmt.Errorf("data changed between the verify and copy passes; targets are partly filled: %w", err)
+			// Every rule and every checksum passed; only a read failure (or
+			// data changed under us) can stop the copy pass now.
+			if err = ex.stream(ctx, true); err != nil {
+				err = fmt.Errorf("%w (the copy pass failed after a complete verify pass): %w", ErrTargetsPartlyFilled, err)
 			}
 		}
 	default:
@@ -305,6 +309,15 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 	raw, err := dec(stored, dtype, sizes)
 	if err != nil {
 		return nil, fmt.Errorf("decode %s: %w", where, err)
+	}
+	if cr.Chunk >= 0 {
+		want := metadata.ElementSize(dtype)
+		for _, d := range sizes {
+			want *= d
+		}
+		if int64(len(raw)) != want {
+			return nil, fmt.Errorf("decode %s: %d bytes, want %d for %s%v", where, len(raw), want, dtype, sizes)
+		}
 	}
 	return raw, nil
 }

@@ -34,6 +34,10 @@ var (
 	ErrMismatch = errors.New("checkpoint and target disagree")
 	// ErrChecksum: stored bytes do not match their CRC32C.
 	ErrChecksum = errors.New("checksum mismatch")
+	// ErrTargetsPartlyFilled: a load failed after it had started writing
+	// into the targets (Direct mode, or a read failure in the copy pass of
+	// verify-then-copy); reload or discard the targets.
+	ErrTargetsPartlyFilled = errors.New("load failed after the targets were partly filled")
 )
 
 // Checkpoint is an open checkpoint: its store (the one reader every data

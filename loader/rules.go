@@ -78,7 +78,23 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 
 	skip := map[string]bool{}
 	// Rule 6: the optimizer is not loaded when the caller says so or when
-	// the checkpoint deliberately has none; everything else still loads.
+	// the checkpoint deliberately omitted it; everything else still loads.
+	// A checkpoint whose record says it never had optimizer keys ("none")
+	// does not silently reset a target that asks for them: that is either
+	// another key prefix or a weights-only checkpoint, and the caller must
+	// say NoLoadOptimizer to start fresh.
+	if md.Training.Optimizer == metadata.OptimizerNone && !opts.NoLoadOptimizer {
+		var asked []string
+		for _, k := range keys {
+			if strings.HasPrefix(k, optPrefix) {
+				asked = append(asked, k)
+			}
+		}
+		if len(asked) > 0 {
+			return nil, fmt.Errorf("%w: the checkpoint has no optimizer keys under %q (record: %s) but the target asks for %d, e.g. %s; if the checkpoint holds only weights, load with NoLoadOptimizer (--no-load-optim) to start the optimizer fresh, otherwise check the optimizer key prefix",
+				ErrMissingKeys, optPrefix, md.Training.Optimizer, len(asked), listSome(asked))
+		}
+	}
 	optimSaved := md.Training.Optimizer == metadata.OptimizerSaved
 	d.optimLoaded = !opts.NoLoadOptimizer && optimSaved
 	if !d.optimLoaded {
@@ -155,8 +171,13 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		if len(partial) > 0 {
 			return nil, fmt.Errorf("%w (corrupt or incomplete save; refusing to resume with zeroed state): %s", ErrPartialOptimizerState, strings.Join(partial, "; "))
 		}
-		if len(params) > 0 && len(d.lazyParams) == len(params) && savedStateEntries(md, opts) > 0 {
-			return nil, layoutError(md, statePrefix, fqns, params[fqns[0]].want)
+		// Rule 3: every target parameter lazily absent while state was saved.
+		// Saved state that belongs to the checkpoint's own parameters (its
+		// fqns are model keys there) means the layout matches and these
+		// parameters are simply lazy (a rank holding only unrouted experts).
+		if n := savedStateEntries(md, opts); len(params) > 0 && len(d.lazyParams) == len(params) && n > 0 &&
+			!stateMatchesModel(md, ckptParams, opts.ModelPrefix) {
+			return nil, layoutError(md, n, statePrefix, fqns, params[fqns[0]].want)
 		}
 	}
 
@@ -213,7 +234,18 @@ func savedStateEntries(md *metadata.Checkpoint, opts *Options) int {
 	return n
 }
 
-func layoutError(md *metadata.Checkpoint, statePrefix string, fqns, wantOne []string) error {
+// stateMatchesModel reports whether some parameter with saved optimizer
+// state is also a model key of the checkpoint.
+func stateMatchesModel(md *metadata.Checkpoint, ckptParams map[string][]string, modelPrefix string) bool {
+	for fqn := range ckptParams {
+		if md.Tensor(modelPrefix+"."+fqn) != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func layoutError(md *metadata.Checkpoint, entries int, statePrefix string, fqns, wantOne []string) error {
 	var saved []string
 	ckptState := md.Training.OptimizerPrefix + ".state."
 	forEachKey(md, func(k string) {
@@ -226,7 +258,7 @@ func layoutError(md *metadata.Checkpoint, statePrefix string, fqns, wantOne []st
 		expected = expected[:3]
 	}
 	return fmt.Errorf("%w: the checkpoint holds %d optimizer state entries (e.g. %s) but none belongs to any of the %d trainable parameters of the target (expected e.g. %s under %q); refusing to silently restart the optimizer",
-		ErrLayoutMismatch, md.Training.OptimizerStateEntries, strings.Join(saved, ", "), len(fqns), strings.Join(expected, ", "), statePrefix)
+		ErrLayoutMismatch, entries, strings.Join(saved, ", "), len(fqns), strings.Join(expected, ", "), statePrefix)
 }
 
 // compare checks kind, dtype and shape of one target key against the

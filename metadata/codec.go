@@ -180,7 +180,7 @@ func (c *Checkpoint) Validate() error {
 		if !ok {
 			return bad("%s refers to object %q, which is not listed", what(), obj)
 		}
-		if off < 0 || n < 0 || off+n > size {
+		if off < 0 || n < 0 || off > size || n > size-off { // no off+n: it can overflow
 			return bad("%s range [%d,%d) is outside object %q of %d bytes", what(), off, off+n, obj, size)
 		}
 		return nil
@@ -210,10 +210,16 @@ func (c *Checkpoint) Validate() error {
 			}
 			n := int64(1)
 			for d := range t.Shape {
-				if ch.Offsets[d] < 0 || ch.Sizes[d] < 0 || ch.Offsets[d]+ch.Sizes[d] > t.Shape[d] {
+				if ch.Offsets[d] < 0 || ch.Sizes[d] < 0 || ch.Offsets[d] > t.Shape[d] || ch.Sizes[d] > t.Shape[d]-ch.Offsets[d] {
 					return bad("tensor %q chunk %d: offsets %v sizes %v out of bounds of shape %v", t.Key, j, ch.Offsets, ch.Sizes, t.Shape)
 				}
+				if ch.Sizes[d] != 0 && n > (1<<62)/ch.Sizes[d] {
+					return bad("tensor %q chunk %d: sizes %v overflow", t.Key, j, ch.Sizes)
+				}
 				n *= ch.Sizes[d]
+			}
+			if c.Format == FormatName && ch.Encoding != EncodingRaw {
+				return bad("tensor %q chunk %d: encoding %q in a native checkpoint (native chunks are raw)", t.Key, j, ch.Encoding)
 			}
 			if ch.Encoding == EncodingRaw && ch.Length != n*es {
 				return bad("tensor %q chunk %d: length %d, want %d for %v of %s", t.Key, j, ch.Length, n*es, ch.Sizes, t.DType)
@@ -232,6 +238,9 @@ func (c *Checkpoint) Validate() error {
 		}
 		if seen[b.Key] {
 			return bad("key %q is both a tensor and a bytes entry", b.Key)
+		}
+		if c.Format == FormatName && b.Encoding != EncodingRaw {
+			return bad("bytes %q: encoding %q in a native checkpoint (native values are raw)", b.Key, b.Encoding)
 		}
 		if err := inObject(func() string { return fmt.Sprintf("bytes %q", b.Key) }, b.Object, b.Offset, b.Length); err != nil {
 			return err

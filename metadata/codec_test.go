@@ -126,3 +126,23 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// Regression (review): offset+length overflowed int64 and passed the
+// bounds checks; a native chunk could claim a foreign encoding and skip
+// its CRC check.
+func TestValidateRefusesOverflowAndForeignEncodings(t *testing.T) {
+	for name, f := range map[string]func(c *metadata.Checkpoint){
+		"bytes offset overflow": func(c *metadata.Checkpoint) { c.Bytes[0].Offset = 1<<63 - 4; c.Bytes[0].Length = 10 },
+		"chunk offset overflow": func(c *metadata.Checkpoint) {
+			c.Tensors[0].Chunks[1].Offsets[0] = 1 << 62
+			c.Tensors[0].Chunks[1].Sizes[0] = 1 << 62
+		},
+		"native chunk with a foreign encoding": func(c *metadata.Checkpoint) { c.Tensors[0].Chunks[0].Encoding = "torch-save" },
+		"native bytes with a foreign encoding": func(c *metadata.Checkpoint) { c.Bytes[0].Encoding = "torch-save-bytes" },
+	} {
+		c := sample()
+		f(c)
+		_, err := metadata.Encode(c)
+		require.ErrorIs(t, err, metadata.ErrInvalid, name)
+	}
+}

@@ -181,7 +181,12 @@ func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 	if rank == 0 {
 		co = commit(ctx, st, out.plan, vals, opts)
 	}
-	cv, cerr := c.Broadcast(ctx, co)
+	// The outcome must reach every rank even if a rank's context ends now:
+	// once rank 0 committed, reporting a failure would make a caller retry
+	// into ErrCommitted. Bounded, so a dead rank 0 cannot hang the others.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	cv, cerr := c.Broadcast(bctx, co)
 	if cerr != nil {
 		return nil, fmt.Errorf("save %s: %w", st, cerr)
 	}
@@ -236,12 +241,14 @@ func globalPlan(ctx context.Context, st *backend.Store, vals []any, opts Options
 	if len(errs) > 0 {
 		return planOutcome{err: fmt.Errorf("save %s: %w", st, errors.Join(errs...))}
 	}
-	if err := checkUncommitted(ctx, st, opts); err != nil {
-		return planOutcome{err: err}
-	}
+	// Plan first: a save that cannot be planned must not uncommit the
+	// checkpoint it was going to replace.
 	gp, err := planner.PlanSave(plans, planner.SaveOptions{MaxObjectBytes: opts.MaxObjectBytes})
 	if err != nil {
 		return planOutcome{err: fmt.Errorf("save %s: plan: %w", st, err)}
+	}
+	if err := checkUncommitted(ctx, st, opts); err != nil {
+		return planOutcome{err: err}
 	}
 	return planOutcome{plan: gp}
 }

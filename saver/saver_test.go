@@ -149,3 +149,48 @@ func TestSaveOptionsRecordPrefixesAndSlots(t *testing.T) {
 	require.Equal(t, 1, tr.OptimizerStateEntries)
 	require.Equal(t, "scheduler", tr.SchedulerPrefix)
 }
+
+// Regression (review): an overwrite whose planning failed had already
+// uncommitted the checkpoint it was to replace.
+func TestFailedOverwriteKeepsTheOldCheckpoint(t *testing.T) {
+	st := store(t)
+	_, err := saver.SaveLocal(context.Background(), st, ranks(2), saver.Options{Iteration: 1})
+	require.NoError(t, err)
+	bad := ranks(2)
+	bad[1].Tensors["model.w"].DType = statedict.Int32
+	_, err = saver.SaveLocal(context.Background(), st, bad, saver.Options{Iteration: 2, Overwrite: true})
+	require.ErrorIs(t, err, planner.ErrMismatch)
+	require.True(t, committed(t, st), "the old checkpoint must stay committed")
+}
+
+// cancelAfterCommit cancels a context once the metadata object is written.
+type cancelAfterCommit struct {
+	backend.Driver
+	cancel context.CancelFunc
+}
+
+func (c cancelAfterCommit) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	err := c.Driver.Put(ctx, key, size, r, opts)
+	if err == nil && strings.HasSuffix(key, metadata.ObjectKey) {
+		c.cancel()
+	}
+	return err
+}
+
+// Regression (review): a rank whose context ended after rank 0 committed
+// reported the committed save as failed.
+func TestRankCancelledAfterCommitStillSeesTheCommit(t *testing.T) {
+	st := store(t)
+	ctx1, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wrapped := st.WithDriver(cancelAfterCommit{Driver: st.Driver(), cancel: cancel})
+	coords := coordinator.NewLocal(2)
+	sds := ranks(2)
+	errs := make(chan error, 2)
+	go func() { _, err := saver.Save(context.Background(), wrapped, coords[0], sds[0], saver.Options{}); errs <- err }()
+	go func() { _, err := saver.Save(ctx1, wrapped, coords[1], sds[1], saver.Options{}); errs <- err }()
+	for i := 0; i < 2; i++ {
+		require.NoError(t, <-errs)
+	}
+	require.True(t, committed(t, st))
+}
