@@ -187,7 +187,10 @@ func TestRankCancelledAfterCommitStillSeesTheCommit(t *testing.T) {
 	coords := coordinator.NewLocal(2)
 	sds := ranks(2)
 	errs := make(chan error, 2)
-	go func() { _, err := saver.Save(context.Background(), wrapped, coords[0], sds[0], saver.Options{}); errs <- err }()
+	go func() {
+		_, err := saver.Save(context.Background(), wrapped, coords[0], sds[0], saver.Options{})
+		errs <- err
+	}()
 	go func() { _, err := saver.Save(ctx1, wrapped, coords[1], sds[1], saver.Options{}); errs <- err }()
 	for i := 0; i < 2; i++ {
 		require.NoError(t, <-errs)
