@@ -605,3 +605,22 @@ func TestCancelledMidBodyNeverPublishes(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok)
 }
+
+// Regression (review): two URL shapes printed their secrets: one that does
+// not parse, and a secret whose value is badly escaped.
+func TestRedactURLNeverLeaks(t *testing.T) {
+	for _, raw := range []string{
+		"s3://b/%zz?token=HUNTER2",
+		"foo://x/run?secret=HUNTER2%zz",
+		"gs://b/run?token=HUNTER2%zz&x=1",
+		"s3://user:HUNTER2@b/run",
+		"s3://b/run?X-Amz-Signature=HUNTER2&endpoint=h:1",
+	} {
+		require.NotContains(t, backend.RedactURL(raw), "HUNTER2", raw)
+		_, err := backend.Open(context.Background(), raw)
+		if err != nil {
+			require.NotContains(t, err.Error(), "HUNTER2", raw)
+		}
+	}
+	require.Equal(t, "s3://b/run?endpoint=h:1", backend.RedactURL("s3://b/run?endpoint=h:1"))
+}

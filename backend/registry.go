@@ -127,12 +127,11 @@ var secretParams = []string{"secret", "token", "password", "key", "signature", "
 func RedactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
-		if i := strings.Index(raw, "@"); i >= 0 {
-			if j := strings.Index(raw, "://"); j >= 0 && j < i {
-				return raw[:j+3] + "REDACTED" + raw[i:]
-			}
+		// Unparseable: keep only the scheme, never the rest.
+		if j := strings.Index(raw, "://"); j >= 0 {
+			return raw[:j+3] + "REDACTED"
 		}
-		return raw
+		return "REDACTED"
 	}
 	changed := false
 	if u.User != nil {
@@ -140,17 +139,25 @@ func RedactURL(raw string) string {
 		changed = true
 	}
 	if u.RawQuery != "" {
-		q := u.Query()
-		for k := range q {
-			lk := strings.ToLower(k)
-			for _, s := range secretParams {
-				if strings.Contains(lk, s) {
-					q.Set(k, "REDACTED")
-					changed = true
+		q, qerr := url.ParseQuery(u.RawQuery)
+		if qerr != nil {
+			// A query we cannot read may still hold a secret: drop it whole.
+			u.RawQuery = "REDACTED"
+			changed = true
+		} else {
+			for k := range q {
+				lk := strings.ToLower(k)
+				for _, s := range secretParams {
+					if strings.Contains(lk, s) {
+						q.Set(k, "REDACTED")
+						changed = true
+					}
 				}
 			}
+			if changed {
+				u.RawQuery = q.Encode()
+			}
 		}
-		u.RawQuery = q.Encode()
 	}
 	if !changed {
 		return raw // re-serialising would turn "mem://" into "mem:"

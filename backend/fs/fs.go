@@ -187,6 +187,18 @@ func (r *fileReader) Read(p []byte) (int, error) {
 
 func (r *fileReader) Close() error { return r.f.Close() }
 
+// goneErr marks a directory that could not be opened for listing; isGone
+// tells whether it had disappeared (deleted while the walk was running).
+type goneErr struct{ err error }
+
+func (g goneErr) Error() string { return g.err.Error() }
+func (g goneErr) Unwrap() error { return g.err }
+
+func isGone(err error) bool {
+	var g goneErr
+	return errors.As(err, &g) && (errors.Is(err, iofs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR))
+}
+
 // copyBufs are Put's copy buffers: 1 MiB, so a large object is written in
 // few system calls (io.Copy's default is 32 KiB).
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
@@ -379,12 +391,12 @@ func (d *Driver) walk(ctx context.Context, dir, prefix string, fn func(backend.O
 	}
 	df, err := d.root.Open(name)
 	if err != nil {
-		return err
+		return goneErr{err}
 	}
 	des, err := df.ReadDir(-1)
 	df.Close()
 	if err != nil {
-		return fmt.Errorf("read directory %q: %w", name, err)
+		return goneErr{fmt.Errorf("read directory %q: %w", name, err)}
 	}
 	entries := make([]entry, 0, len(des))
 	for _, de := range des {
@@ -404,10 +416,11 @@ func (d *Driver) walk(ctx context.Context, dir, prefix string, fn func(backend.O
 	sort.Slice(entries, func(i, j int) bool { return entries[i].sortKey < entries[j].sortKey })
 	for _, e := range entries {
 		if e.dir {
-			if err := d.walk(ctx, e.sortKey, prefix, fn); err != nil {
+			err := d.walk(ctx, e.sortKey, prefix, fn)
+			if err != nil && !isGone(err) {
 				return err
 			}
-			continue
+			continue // a directory removed meanwhile (a concurrent gc) lists as empty
 		}
 		if err := ctx.Err(); err != nil {
 			return err

@@ -3,6 +3,7 @@ package fs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -239,4 +240,30 @@ func TestOpenMissingDirCreatesNothingUntilWrite(t *testing.T) {
 	got, err := st.ReadAll(ctx, "a/k", 0)
 	require.NoError(t, err)
 	require.Equal(t, []byte("x"), got)
+}
+
+// Regression (review): a directory deleted while a listing walked toward it
+// failed the whole listing (ckpt ls/latest/gc racing another gc).
+func TestListToleratesDirectoriesDeletedMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	st, err := backend.Open(ctx, t.TempDir())
+	require.NoError(t, err)
+	for i := 0; i < 40; i++ {
+		require.NoError(t, st.PutBytes(ctx, fmt.Sprintf("step-%02d/rank.data", i), []byte("x"), backend.PutOptions{}))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 40; i++ {
+			_ = st.Delete(ctx, fmt.Sprintf("step-%02d/rank.data", i))
+		}
+	}()
+	for listing := true; listing; {
+		select {
+		case <-done:
+			listing = false
+		default:
+		}
+		require.NoError(t, st.List(ctx, "", func(backend.ObjectInfo) error { return nil }))
+	}
 }
