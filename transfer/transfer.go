@@ -156,15 +156,17 @@ func chunkRanges(md *metadata.Checkpoint) map[string][]crcRange {
 
 // checkingReader streams an object and checks the CRC32C of every range as
 // its last byte passes; a mismatch fails the read, so the destination Put
-// aborts and publishes nothing.
+// aborts and publishes nothing. Ranges may overlap (entries sharing bytes),
+// so each keeps its own running CRC.
 type checkingReader struct {
 	r        io.Reader
-	ranges   []crcRange
+	ranges   []crcRange // sorted by offset
 	object   string
 	progress func(int)
 	pos      int64
-	next     int    // first range not yet completed
-	crc      uint32 // running CRC of ranges[next]
+	first    int      // ranges before it are all checked
+	crcs     []uint32 // running CRC per range
+	done     []bool
 }
 
 func (c *checkingReader) Read(p []byte) (int, error) {
@@ -179,26 +181,32 @@ func (c *checkingReader) Read(p []byte) (int, error) {
 }
 
 func (c *checkingReader) check(b []byte) error {
+	if c.crcs == nil {
+		c.crcs = make([]uint32, len(c.ranges))
+		c.done = make([]bool, len(c.ranges))
+	}
 	start, end := c.pos, c.pos+int64(len(b))
 	c.pos = end
-	for c.next < len(c.ranges) {
-		r := &c.ranges[c.next]
-		if r.offset >= end {
-			return nil
+	for i := c.first; i < len(c.ranges) && c.ranges[i].offset < end; i++ {
+		if c.done[i] {
+			continue
 		}
+		r := &c.ranges[i]
 		lo, hi := max(r.offset, start), min(r.offset+r.length, end)
 		if hi > lo {
-			c.crc = crc32.Update(c.crc, castagnoli, b[lo-start:hi-start])
+			c.crcs[i] = crc32.Update(c.crcs[i], castagnoli, b[lo-start:hi-start])
 		}
 		if r.offset+r.length > end {
-			return nil // range continues in the next read
+			continue // the range goes on in the next read
 		}
-		if c.crc != r.crc {
+		if c.crcs[i] != r.crc {
 			return fmt.Errorf("%w: key %q in object %s at offset %d (%d bytes): stored CRC32C %08x, computed %08x",
-				loader.ErrChecksum, r.key, c.object, r.offset, r.length, r.crc, c.crc)
+				loader.ErrChecksum, r.key, c.object, r.offset, r.length, r.crc, c.crcs[i])
 		}
-		c.next++
-		c.crc = 0
+		c.done[i] = true
+	}
+	for c.first < len(c.ranges) && c.done[c.first] {
+		c.first++
 	}
 	return nil
 }

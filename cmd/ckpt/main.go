@@ -18,6 +18,9 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/mem"
 	_ "github.com/ckptkit/ckptkit/backend/s3"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/plugins/host"
 )
 
@@ -53,5 +56,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
+	if checkpointProblem(err) {
+		return 1
+	}
 	return 2
+}
+
+// checkpointProblem reports whether err says a checkpoint is bad or
+// incomplete (exit 1) rather than that the command or access failed.
+func checkpointProblem(err error) bool {
+	for _, target := range []error{
+		loader.ErrIncomplete, loader.ErrNoCheckpoint, loader.ErrChecksum, loader.ErrPartialOptimizerState,
+		loader.ErrLayoutMismatch, loader.ErrMissingKeys, loader.ErrMismatch, planner.ErrCoverage,
+		metadata.ErrInvalid, metadata.ErrNewerFormat,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }

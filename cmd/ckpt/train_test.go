@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -127,4 +128,22 @@ func TestExitCodes(t *testing.T) {
 	require.Equal(t, 1, code)
 	code, _, _ = ckpt(t, "train", "--bogus-flag")
 	require.Equal(t, 2, code)
+}
+
+// Regression (review): copying a corrupt or missing checkpoint exited 2
+// (usage/access) instead of 1 (bad checkpoint).
+func TestCopyOfABadCheckpointExitsOne(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errs := ckpt(t, "copy", filepath.Join(dir, "nothing-here"), "mem://copy-dst/x")
+	require.Equal(t, 1, code, errs)
+	trainJSON(t, "--url", filepath.Join(dir, "run"), "--steps", "3", "--save-every", "3")
+	src := filepath.Join(dir, "run", "step-00000003")
+	data, err := os.ReadFile(filepath.Join(src, "rank-00000-000.data"))
+	require.NoError(t, err)
+	data[100] ^= 0xff
+	require.NoError(t, os.WriteFile(filepath.Join(src, "rank-00000-000.data"), data, 0o644))
+	code, _, errs = ckpt(t, "copy", src, "mem://copy-dst/y")
+	require.Equal(t, 1, code, errs)
+	require.Contains(t, errs, "checksum mismatch")
+	require.Equal(t, 1, strings.Count(errs, "checksum mismatch"), "the cause is said once: %s", errs)
 }
