@@ -731,7 +731,7 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 			return backend.CodeAlreadyExists
 		case minio.AccessDenied, minio.InvalidAccessKeyID, minio.SignatureDoesNotMatch, "ExpiredToken", "InvalidToken":
 			return backend.CodePermission
-		case "SlowDown", "RequestTimeout", minio.InternalError, "ServiceUnavailable", "RequestTimeTooSkewed":
+		case "SlowDown", "RequestTimeout", minio.InternalError, "ServiceUnavailable":
 			return backend.CodeTransient
 		case minio.InvalidBucketName, minio.XMinioInvalidObjectName:
 			return backend.CodeInvalidKey
