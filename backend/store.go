@@ -273,7 +273,11 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 		}
 		err := s.drv.Put(ctx, full, size, sr, opts)
 		if sr.err != nil && err != nil {
-			// The source's failure is the cause; report it, classified.
+			// The source's failure is the cause (the driver's error only
+			// echoes it); a cancellation that came first is said too.
+			if cerr := ctx.Err(); cerr != nil && !errors.Is(sr.err, cerr) {
+				return &Error{Op: "write", URL: s.URL(key), Code: CodeCanceled, Err: fmt.Errorf("%w; source: %w", cerr, sr.err)}
+			}
 			return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(sr.err), Err: sr.err}
 		}
 		if err == nil && sr.err != nil {
