@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# bench.sh - build and run ckptbench (bench/cmd/ckptbench): prints the results
+# table and writes bench/results.json. `make bench` runs it.
+#
+#   scripts/bench.sh                     # ~1 GiB, 3 runs per figure (a few minutes)
+#   scripts/bench.sh --size 64MiB        # quick check
+#   BENCH_SERVERS=1 scripts/bench.sh     # also start the S3/GCS test servers
+#   scripts/bench.sh --only meta --profile-dir /tmp/prof
+#
+# Any argument is passed to ckptbench (see `ckptbench -h`). The S3 and GCS
+# figures run when CKPTKIT_TEST_S3_URL / CKPTKIT_TEST_GCS_URL are set, for
+# example by `eval "$(scripts/test-servers.sh start)"`; otherwise they print
+# "skipped" rows. bench/dcp_compare.sh (PyTorch DCP comparison) is separate.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$ROOT"
+BIN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/ckptbench-bin.XXXXXX")
+trap 'rm -rf "$BIN_DIR"' EXIT
+
+# With BENCH_SERVERS=1: use the clone's running test servers when they answer
+# (never stopping them); otherwise start private ones in a throw-away run
+# dir and stop exactly those at exit.
+if [[ ${BENCH_SERVERS:-0} == 1 && -z ${CKPTKIT_TEST_S3_URL:-} ]]; then
+	if bash scripts/test-servers.sh status >/dev/null 2>&1; then
+		eval "$(bash scripts/test-servers.sh env)"
+	else
+		export CKPTKIT_RUN_DIR=$BIN_DIR/servers
+		eval "$(bash scripts/test-servers.sh start)"
+		trap 'bash scripts/test-servers.sh stop >/dev/null 2>&1 || true; rm -rf "$BIN_DIR"' EXIT
+	fi
+fi
+
+go build -o "$BIN_DIR/ckptbench" ./bench/cmd/ckptbench
+echo "bench: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+"$BIN_DIR/ckptbench" --json bench/results.json "$@"
