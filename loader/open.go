@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
+	"strings"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/metadata"
@@ -77,16 +79,36 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		}
 		return &Checkpoint{store: st, format: f, md: md, raw: data}, nil
 	}
-	var sample string
+	// No metadata here. Tell an incomplete checkpoint (data objects) from a
+	// run prefix (checkpoints below it) by looking at a bounded number of
+	// keys for a nested metadata object.
+	var sample, nested string
+	seen := 0
 	errStop := errors.New("stop")
+	formats := metadata.Formats()
 	err := st.List(ctx, "", func(o backend.ObjectInfo) error {
-		sample = o.Key
-		return errStop
+		if sample == "" {
+			sample = o.Key
+		}
+		for _, f := range formats {
+			if strings.HasSuffix(o.Key, "/"+f.ObjectKey) {
+				nested = o.Key
+				return errStop
+			}
+		}
+		if seen++; seen >= 1000 {
+			return errStop
+		}
+		return nil
 	})
 	if err != nil && !errors.Is(err, errStop) {
 		return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
 	}
-	if sample != "" {
+	switch {
+	case nested != "":
+		return nil, fmt.Errorf("open checkpoint %s: %w: this is a prefix holding checkpoints (e.g. %s); name one of them, or use the run's newest (ckpt latest)",
+			st, ErrNoCheckpoint, st.URL(path.Dir(nested)))
+	case sample != "":
 		return nil, fmt.Errorf("open checkpoint %s: %w (found %s but no metadata object %s)", st, ErrIncomplete, st.URL(sample), metadata.ObjectKey)
 	}
 	return nil, fmt.Errorf("open checkpoint %s: %w", st, ErrNoCheckpoint)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/saver"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 func verifyRules(t *testing.T, st *backend.Store, deep bool) []string {
@@ -41,4 +43,23 @@ func TestVerifyMissingAndResizedObjects(t *testing.T) {
 	require.ElementsMatch(t, []string{loader.RuleObjectSize, loader.RuleMissingObject}, verifyRules(t, st, false))
 	// A deep verify does not read objects already known to be damaged.
 	require.ElementsMatch(t, []string{loader.RuleObjectSize, loader.RuleMissingObject}, verifyRules(t, st, true))
+}
+
+// A run prefix (checkpoints below it) is not reported as an incomplete
+// checkpoint: it says what it is and how to name a checkpoint.
+func TestRunPrefixIsNotAnIncompleteCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	run, err := backend.Open(ctx, "mem://run-prefix/run")
+	require.NoError(t, err)
+	sub, err := run.Sub("step-00000003")
+	require.NoError(t, err)
+	sd := statedict.New()
+	sd.Tensors["model.w"] = tensor(4)
+	_, err = saver.SaveLocal(ctx, sub, []*statedict.StateDict{sd}, saver.Options{})
+	require.NoError(t, err)
+
+	_, err = loader.Open(ctx, run)
+	require.ErrorIs(t, err, loader.ErrNoCheckpoint)
+	require.NotErrorIs(t, err, loader.ErrIncomplete)
+	require.Contains(t, err.Error(), "step-00000003")
 }
