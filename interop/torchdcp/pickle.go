@@ -205,6 +205,27 @@ func (u *unpickler) popMark() ([]any, error) {
 	return items, nil
 }
 
+// apply pops a callable and an argument tuple (REDUCE, NEWOBJ) and pushes
+// what f builds from them.
+func (u *unpickler) apply(op string, f func(callee any, args pyTuple) (any, error)) error {
+	items, err := u.popN(2)
+	if err != nil {
+		return err
+	}
+	args, ok := items[1].(pyTuple)
+	if !ok {
+		return malformed("%s arguments are %s, not a tuple", op, typeName(items[1]))
+	}
+	if err := u.charge(args); err != nil {
+		return err
+	}
+	v, err := f(items[0], args)
+	if err != nil {
+		return err
+	}
+	return u.push(v)
+}
+
 func (u *unpickler) popN(n int) ([]any, error) {
 	out := make([]any, n)
 	for i := n - 1; i >= 0; i-- {
@@ -486,39 +507,9 @@ func (u *unpickler) step(op byte) error {
 		}
 		return u.push(g)
 	case opReduce:
-		items, err := u.popN(2)
-		if err != nil {
-			return err
-		}
-		args, ok := items[1].(pyTuple)
-		if !ok {
-			return malformed("REDUCE arguments are %s, not a tuple", typeName(items[1]))
-		}
-		if err := u.charge(args); err != nil {
-			return err
-		}
-		v, err := call(items[0], args)
-		if err != nil {
-			return err
-		}
-		return u.push(v)
+		return u.apply("REDUCE", call)
 	case opNewObj:
-		items, err := u.popN(2)
-		if err != nil {
-			return err
-		}
-		args, ok := items[1].(pyTuple)
-		if !ok {
-			return malformed("NEWOBJ arguments are %s, not a tuple", typeName(items[1]))
-		}
-		if err := u.charge(args); err != nil {
-			return err
-		}
-		v, err := newObject(items[0], args)
-		if err != nil {
-			return err
-		}
-		return u.push(v)
+		return u.apply("NEWOBJ", newObject)
 	case opNewObjEx:
 		items, err := u.popN(3)
 		if err != nil {
