@@ -6,7 +6,9 @@
 package saver
 
 import (
+	"bytes"
 	"context"
+	"encoding/gob"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -121,6 +123,120 @@ func SaveLocal(ctx context.Context, st *backend.Store, sds []*statedict.StateDic
 		}
 	}
 	return results[0], nil
+}
+
+// The values Save exchanges cross machines when the coordinator does (see
+// coordinator.NewStore): they are gob-registered and encode their errors
+// as *coordinator.RemoteError, which keeps the message and the sentinels
+// below for errors.Is. The in-process coordinator passes them by reference.
+func init() {
+	gob.Register(localOutcome{})
+	gob.Register(planOutcome{})
+	gob.Register(rankOutcome{})
+	gob.Register(commitOutcome{})
+	coordinator.RegisterError("saver.ErrCommitted", ErrCommitted)
+	coordinator.RegisterError("planner.ErrInvalidPlan", planner.ErrInvalidPlan)
+	coordinator.RegisterError("planner.ErrMismatch", planner.ErrMismatch)
+	coordinator.RegisterError("planner.ErrKeyNotFound", planner.ErrKeyNotFound)
+	coordinator.RegisterError("planner.ErrCoverage", planner.ErrCoverage)
+}
+
+func gobEncode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	if err := gob.NewEncoder(&b).Encode(v); err != nil {
+		return nil, fmt.Errorf("saver: encode %T: %w", v, err)
+	}
+	return b.Bytes(), nil
+}
+
+func gobDecode(data []byte, v any) error {
+	if err := gob.NewDecoder(bytes.NewReader(data)).Decode(v); err != nil {
+		return fmt.Errorf("saver: decode %T: %w", v, err)
+	}
+	return nil
+}
+
+type localWire struct {
+	Plan planner.LocalPlan
+	Err  *coordinator.RemoteError
+}
+
+// GobEncode implements gob.GobEncoder.
+func (o localOutcome) GobEncode() ([]byte, error) {
+	return gobEncode(localWire{Plan: o.plan, Err: coordinator.ToRemote(o.err)})
+}
+
+// GobDecode implements gob.GobDecoder.
+func (o *localOutcome) GobDecode(data []byte) error {
+	var w localWire
+	if err := gobDecode(data, &w); err != nil {
+		return err
+	}
+	*o = localOutcome{plan: w.Plan, err: coordinator.FromRemote(w.Err)}
+	return nil
+}
+
+type planWire struct {
+	Plan *planner.GlobalPlan
+	Err  *coordinator.RemoteError
+}
+
+// GobEncode implements gob.GobEncoder.
+func (o planOutcome) GobEncode() ([]byte, error) {
+	return gobEncode(planWire{Plan: o.plan, Err: coordinator.ToRemote(o.err)})
+}
+
+// GobDecode implements gob.GobDecoder.
+func (o *planOutcome) GobDecode(data []byte) error {
+	var w planWire
+	if err := gobDecode(data, &w); err != nil {
+		return err
+	}
+	*o = planOutcome{plan: w.Plan, err: coordinator.FromRemote(w.Err)}
+	return nil
+}
+
+type rankWire struct {
+	CRCs    map[[2]int]uint32
+	Written int64
+	Err     *coordinator.RemoteError
+}
+
+// GobEncode implements gob.GobEncoder.
+func (o rankOutcome) GobEncode() ([]byte, error) {
+	return gobEncode(rankWire{CRCs: o.crcs, Written: o.written, Err: coordinator.ToRemote(o.err)})
+}
+
+// GobDecode implements gob.GobDecoder.
+func (o *rankOutcome) GobDecode(data []byte) error {
+	var w rankWire
+	if err := gobDecode(data, &w); err != nil {
+		return err
+	}
+	*o = rankOutcome{crcs: w.CRCs, written: w.Written, err: coordinator.FromRemote(w.Err)}
+	return nil
+}
+
+type commitWire struct {
+	Metadata *metadata.Checkpoint
+	Size     int
+	Bytes    int64
+	Err      *coordinator.RemoteError
+}
+
+// GobEncode implements gob.GobEncoder.
+func (o commitOutcome) GobEncode() ([]byte, error) {
+	return gobEncode(commitWire{Metadata: o.md, Size: o.size, Bytes: o.bytes, Err: coordinator.ToRemote(o.err)})
+}
+
+// GobDecode implements gob.GobDecoder.
+func (o *commitOutcome) GobDecode(data []byte) error {
+	var w commitWire
+	if err := gobDecode(data, &w); err != nil {
+		return err
+	}
+	*o = commitOutcome{md: w.Metadata, size: w.Size, bytes: w.Bytes, err: coordinator.FromRemote(w.Err)}
+	return nil
 }
 
 type planOutcome struct {
