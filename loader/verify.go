@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -61,6 +62,9 @@ type VerifyOptions struct {
 	OptimizerPrefix string
 	OptimizerSlots  []string
 	Concurrency     int
+	// Progress, when set, is called with the bytes checked so far and the
+	// total during a deep verify, from several goroutines.
+	Progress func(done, total int64)
 }
 
 // Verify is the pre-flight check before a resume: it reads the metadata
@@ -194,7 +198,7 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 	}
 
 	if opts.Deep {
-		n, problems, err := c.deepCheck(ctx, missingObj, opts.Concurrency)
+		n, problems, err := c.deepCheck(ctx, missingObj, opts.Concurrency, opts.Progress)
 		if err != nil {
 			return fmt.Errorf("verify %s: %w", c.URL(), err)
 		}
@@ -215,7 +219,7 @@ func contains(xs []string, x string) bool {
 }
 
 // deepCheck reads every chunk of every present object and checks it.
-func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int) (int64, []Finding, error) {
+func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int, progress func(done, total int64)) (int64, []Finding, error) {
 	if conc <= 0 {
 		conc = 8
 	}
@@ -247,12 +251,18 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
+	pool := newBufPool(conc, planner.DefaultMaxReadBytes)
+	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
 		g.Go(func() error {
-			buf := make([]byte, op.Length)
+			buf := pool.get(op.Length)
+			defer pool.put(buf)
 			if err := c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
+			}
+			if progress != nil {
+				progress(checked.Add(op.Length), plan.BytesRead)
 			}
 			for _, cr := range op.Chunks {
 				if _, err := c.verifyChunk(op, &cr, buf[cr.Start:cr.Start+cr.Length]); err != nil {

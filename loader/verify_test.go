@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -62,4 +63,19 @@ func TestRunPrefixIsNotAnIncompleteCheckpoint(t *testing.T) {
 	require.ErrorIs(t, err, loader.ErrNoCheckpoint)
 	require.NotErrorIs(t, err, loader.ErrIncomplete)
 	require.Contains(t, err.Error(), "step-00000003")
+}
+
+func TestDeepVerifyReportsProgress(t *testing.T) {
+	st, _ := modesState(t, "verify-progress")
+	var last, total atomic.Int64
+	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: true, Progress: func(done, all int64) {
+		if done > last.Load() {
+			last.Store(done)
+		}
+		total.Store(all)
+	}})
+	require.NoError(t, err)
+	require.True(t, rep.Resumable)
+	require.Equal(t, rep.BytesChecked, total.Load())
+	require.Equal(t, total.Load(), last.Load(), "progress reaches the total")
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"os"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -36,21 +34,10 @@ unless --force. A progress bar is shown on a terminal (not with --json).`,
 			}
 			defer dst.Close()
 			opts := transfer.Options{Parallel: parallel, Force: force}
-			var bar *progressbar.ProgressBar
-			if !asJSON && isTerminal(os.Stderr) {
-				bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(os.Stderr), progressbar.OptionShowBytes(true),
-					progressbar.OptionSetDescription("copy"), progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
-				opts.Progress = func(done, total int64) {
-					if bar.GetMax64() != total {
-						bar.ChangeMax64(total)
-					}
-					_ = bar.Set64(done)
-				}
-			}
+			update, finish := progressBar("copy", asJSON)
+			opts.Progress = update
 			res, err := transfer.Copy(ctx, src, dst, opts)
-			if bar != nil {
-				_ = bar.Finish()
-			}
+			finish()
 			if err != nil {
 				return err
 			}
@@ -65,10 +52,4 @@ unless --force. A progress bar is shown on a terminal (not with --json).`,
 	cmd.Flags().BoolVar(&force, "force", false, "replace a committed checkpoint at DST")
 	cmd.Flags().IntVar(&parallel, "parallel", 8, "objects copied at once")
 	return cmd
-}
-
-// isTerminal reports whether f is a character device (a terminal).
-func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -28,7 +28,9 @@ Exit 0 when resumable, 1 when not, 2 on usage or access errors.`,
 				return err
 			}
 			defer st.Close()
-			rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: deep})
+			update, finish := progressBar("verify", asJSON || !deep)
+			rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: deep, Progress: update})
+			finish()
 			if err != nil {
 				return err
 			}
