@@ -412,20 +412,27 @@ func (c *StoreCoordinator) broadcast(ctx context.Context, round int, v any) (any
 		if err != nil {
 			return nil, err
 		}
-		if err := c.checkAbort(ctx); err != nil {
-			return nil, err
-		}
+		// Publish first, check the abort object only if that fails:
+		// publishing rank 0's value is harmless after an abort, and once
+		// published it is what every rank must see (the saver broadcasts its
+		// commit outcome this way).
 		if err := c.put(ctx, key, data); err != nil {
+			if aerr := c.checkAbort(ctx); aerr != nil {
+				return nil, aerr
+			}
 			return nil, err
 		}
 		return v, nil
 	}
 	var data []byte
-	err := c.poll(ctx, true, func(ctx context.Context) (bool, error) {
+	// The value is read before the abort object is checked: a value rank 0
+	// already published wins over an abort that came later, so ranks do not
+	// disagree about, say, a committed checkpoint.
+	err := c.poll(ctx, false, func(ctx context.Context) (bool, error) {
 		var err error
 		data, err = c.st.ReadAll(ctx, key, c.opts.MaxValueBytes)
 		if errors.Is(err, backend.ErrNotFound) {
-			return false, nil
+			return false, c.checkAbort(ctx)
 		}
 		if err != nil {
 			return false, fmt.Errorf("coordinator: %w", err)

@@ -224,3 +224,22 @@ func TestStoreUnencodableValueAbortsTheGroup(t *testing.T) {
 	require.ErrorIs(t, errs[0], coordinator.ErrAborted)
 	require.ErrorContains(t, errs[0], "by rank 1")
 }
+
+// Regression (review): a late abort made rank 1 fail a Broadcast whose
+// value rank 0 had already published (the saver's commit outcome), so the
+// ranks disagreed about a committed checkpoint.
+func TestBroadcastValueWinsOverLaterAbort(t *testing.T) {
+	for name, url := range urls(t) {
+		t.Run(name, func(t *testing.T) {
+			c := []*coordinator.StoreCoordinator{open(t, url, "late-abort", 0, 3), open(t, url, "late-abort", 1, 3), open(t, url, "late-abort", 2, 3)}
+			ctx := context.Background()
+			v, err := c[0].Broadcast(ctx, "committed")
+			require.NoError(t, err)
+			require.Equal(t, "committed", v)
+			c[2].Abort(errors.New("rank 2 gave up late"))
+			v, err = c[1].Broadcast(ctx, nil)
+			require.NoError(t, err)
+			require.Equal(t, "committed", v)
+		})
+	}
+}
