@@ -225,8 +225,9 @@ func (r *reader) Close() error {
 
 // Put implements backend.Driver: a header frame, ChunkSize data frames read
 // from r, then the commit frame with the byte count and CRC32C. If r fails,
-// delivers other than size bytes, or ctx ends, the stream is cancelled
-// without a commit frame and the plugin publishes nothing.
+// delivers other than size bytes, or ctx ends, the stream is cancelled (on
+// the shared-memory path: closed) without a commit frame and the plugin
+// publishes nothing.
 //
 // A plugin crash is retryable (CodeTransient) only before the first data
 // frame: after that the source was partly consumed and the write is never

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"sync"
+	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/plugins/internal/shm"
@@ -20,9 +22,11 @@ import (
 //
 // Put slots are written only by the host, read slots only by the plugin.
 // A slot is reused only once the peer acknowledged it or its call ended
-// with the plugin's own status; a put slot still unacknowledged when a
-// write is abandoned (cancelled, source failure) is never reused by this
-// process, so a plugin goroutine still draining it cannot see it change.
+// with the plugin's own status, so a plugin goroutine still draining it
+// cannot see it change. A write abandoned before its commit frame
+// (cancelled, source failure) ends its stream without one and gets its
+// slots back in the background once that status arrives (see putShm); only
+// slots of a plugin that does not answer stay unused until its restart.
 
 // shmThreshold: bodies and known ranges below it stay on the plain streams,
 // where they cost one message and no slot.
@@ -64,41 +68,111 @@ func (d *driver) readShm(ctx context.Context, in *instance, seg *shm.Segment, re
 
 // putShm is Put over the PutShm stream, with slots (taken from in.putPool)
 // to fill. The classification of failures is Put's.
+//
+// The stream runs on a context detached from ctx's cancellation (it keeps
+// its values and still ends with the plugin process), so that a write
+// abandoned before its commit frame (ctx ended, the source failed or
+// overran) can end the stream with CloseSend and no commit frame: the
+// plugin's body then fails, its driver publishes nothing, and the call's
+// final status says the handler returned, after which no plugin goroutine
+// reads the write's slots. Put returns to the caller at once; reclaim
+// waits for that status in the background and only then returns the
+// unacknowledged slots to the pool of the same instance. A plugin that
+// does not answer within reclaimTimeout has the stream cancelled and
+// keeps those slots until it is restarted.
 func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slots []uint32, h, key string, size int64, r io.Reader, opts backend.PutOptions) error {
-	cctx, cancel := in.callCtx(ctx)
-	defer cancel()
-	free := slots
-	outstanding := map[uint32]bool{}
-	ended := false // the plugin's own final status arrived: it reads no slot any more
-	defer func() {
-		in.putPool.Put(free...)
-		if ended {
-			for i := range outstanding {
-				in.putPool.Put(i)
-			}
-		}
-	}()
 	policy := crashRetryable
 	fail := func(err error) error { return d.p.convert(ctx, in, "write", err, policy) }
+	if err := ctx.Err(); err != nil {
+		in.putPool.Put(slots...)
+		return fail(err)
+	}
+	sctx, cancel := in.callCtx(context.WithoutCancel(ctx))
+	free := slots
+	outstanding := map[uint32]bool{}
+	final := false // the call's last reply (its status) was received
+	ended := false // that status is the plugin's own: it reads no slot any more
+	commitSent := false
+	replies := make(chan putReply, len(slots)+1)
+	quit := make(chan struct{}) // closed once nobody receives replies any more
+	stream, err := in.rpc.PutShm(sctx)
+	if err != nil {
+		cancel()
+		in.putPool.Put(free...)
+		return fail(err)
+	}
+	go receivePutReplies(stream, sctx, replies, quit)
+	// Send and CloseSend are serialised by sendMu: once ctx ends before
+	// the commit frame, the send side is closed at once, without a commit
+	// frame, even while this goroutine waits in the source's Read, so the
+	// plugin's driver aborts promptly; nothing is sent after that.
+	var sendMu sync.Mutex
+	sendClosed := false
+	send := func(f *pb.PutFrame, commit bool) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if sendClosed {
+			return errPutSendClosed
+		}
+		if commit {
+			commitSent = true
+		}
+		return stream.Send(f)
+	}
+	closeSend := func(commit bool) {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if !sendClosed && commitSent == commit {
+			sendClosed = true
+			_ = stream.CloseSend() // a failed CloseSend means the stream ended
+		}
+	}
+	stopAfter := context.AfterFunc(ctx, func() { closeSend(false) })
+	defer func() {
+		stopAfter()
+		in.putPool.Put(free...)
+		if final {
+			if ended {
+				for i := range outstanding {
+					in.putPool.Put(i)
+				}
+			}
+			close(quit)
+			cancel()
+			return
+		}
+		// Abandoned before the plugin's final status.
+		if !commitSent && sctx.Err() == nil {
+			closeSend(false)
+			if in.background(func() { reclaimPutSlots(in, outstanding, replies, quit, cancel) }) {
+				return
+			}
+		}
+		close(quit)
+		cancel() // outstanding slots stay unused until a restart
+	}()
 	protocolErr := func(what string) error {
 		cancel()
 		return &CallError{Plugin: d.p.Name, Op: "write", Code: backend.CodeUnknown, Err: errors.New(what)}
 	}
-
-	stream, err := in.rpc.PutShm(cctx)
-	if err != nil {
-		return fail(err)
-	}
 	// recv receives one reply: nil for an acknowledgement (its slot is
 	// free again), io.EOF when the plugin ended the call successfully, or
-	// the call's error.
+	// the call's error. It returns ctx's error once ctx ends.
 	recv := func() error {
-		m, err := stream.Recv()
-		if err != nil {
-			ended = cctx.Err() == nil
-			return err
+		var rp putReply
+		select {
+		case <-ctx.Done():
+			if commitSent {
+				cancel() // as before: a cancelled write after its commit frame
+			}
+			return ctx.Err()
+		case rp = <-replies:
 		}
-		if i := m.GetAck().GetSlot(); m.GetAck() != nil && outstanding[i] {
+		if rp.err != nil {
+			final, ended = true, rp.ended
+			return rp.err
+		}
+		if i := rp.m.GetAck().GetSlot(); rp.m.GetAck() != nil && outstanding[i] {
 			delete(outstanding, i)
 			free = append(free, i)
 			return nil
@@ -122,19 +196,22 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 		return fail(err)
 	}
 	hdr := &pb.PutHeader{Handle: h, Key: key, Size: size, IfNotExists: opts.IfNotExists, Crc32C: opts.CRC32C, ContentType: opts.ContentType}
-	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}); err != nil {
+	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}, false); err != nil {
 		return sendErr(err)
 	}
 	crc := crc32.New(castagnoli)
 	var count int64
 	abort := func(code backend.Code, err error) error {
-		cancel() // ends the stream without a commit frame
+		// The deferred abandonment ends the stream without a commit frame.
 		if ctx.Err() != nil {
 			code, err = backend.CodeCanceled, fmt.Errorf("%w (%v)", context.Cause(ctx), err)
 		}
 		return &CallError{Plugin: d.p.Name, Op: "write", Code: code, Err: err}
 	}
 	for {
+		if err := ctx.Err(); err != nil {
+			return fail(err)
+		}
 		if len(free) == 0 {
 			if err := recv(); err != nil {
 				if err == io.EOF {
@@ -163,7 +240,7 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 			crc.Write(buf[:n])
 			free = free[:len(free)-1]
 			outstanding[i] = true
-			if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: &pb.ShmRef{Slot: i, Length: uint32(n)}}}); err != nil {
+			if err := send(&pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: &pb.ShmRef{Slot: i, Length: uint32(n)}}}, false); err != nil {
 				return sendErr(err)
 			}
 		}
@@ -181,11 +258,11 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 		return abort(backend.CodeCanceled, err)
 	}
 	policy = crashAmbiguous
-	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: &pb.PutCommit{Count: count, Crc32C: crc.Sum32()}}}); err != nil {
+	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: &pb.PutCommit{Count: count, Crc32C: crc.Sum32()}}}, true); err != nil {
 		return sendErr(err)
 	}
 	// A failed CloseSend means the stream ended; recv reports why.
-	_ = stream.CloseSend()
+	closeSend(true)
 	for {
 		switch err := recv(); {
 		case err == io.EOF:
@@ -196,6 +273,76 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 				return err
 			}
 			return fail(err)
+		}
+	}
+}
+
+// errPutSendClosed: the write's send side was closed because its context
+// ended; the caller's context error is what Put reports.
+var errPutSendClosed = errors.New("write abandoned: its stream was ended without a commit frame")
+
+// putReply is one reply of a PutShm stream: an acknowledgement, or the
+// call's final error (io.EOF for success) with whether it is the plugin's
+// own status rather than the end of the call's context.
+type putReply struct {
+	m     *pb.PutShmReply
+	err   error
+	ended bool
+}
+
+// receivePutReplies forwards the stream's replies until its final error,
+// or until quit is closed (whoever closes it also ends the stream).
+func receivePutReplies(stream pb.Storage_PutShmClient, sctx context.Context, replies chan<- putReply, quit <-chan struct{}) {
+	for {
+		m, err := stream.Recv()
+		rp := putReply{m: m, err: err}
+		if err != nil {
+			rp.ended = sctx.Err() == nil
+		}
+		select {
+		case replies <- rp:
+		case <-quit:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// reclaimTimeout bounds how long an abandoned write waits for the plugin's
+// final status before leaving its unacknowledged slots stranded.
+var reclaimTimeout = 5 * time.Second
+
+// reclaimPutSlots finishes a write abandoned without a commit frame (the
+// host already sent CloseSend): acknowledged slots go back to in's pool
+// as they come, and the rest once the plugin's own final status says its
+// handler returned. On timeout, a protocol violation or the plugin's exit
+// the stream is cancelled and the remaining slots stay unused.
+func reclaimPutSlots(in *instance, outstanding map[uint32]bool, replies <-chan putReply, quit chan struct{}, cancel context.CancelFunc) {
+	defer cancel()
+	defer close(quit)
+	t := time.NewTimer(reclaimTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return
+		case rp := <-replies:
+			if rp.err != nil {
+				if rp.ended {
+					for i := range outstanding {
+						in.putPool.Put(i)
+					}
+				}
+				return
+			}
+			i := rp.m.GetAck().GetSlot()
+			if rp.m.GetAck() == nil || !outstanding[i] {
+				return
+			}
+			delete(outstanding, i)
+			in.putPool.Put(i)
 		}
 	}
 }

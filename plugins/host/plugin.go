@@ -68,6 +68,12 @@ type instance struct {
 	// once the process is gone and no call copies from it any more.
 	seg     *shm.Segment
 	putPool *shm.Pool
+
+	// bg tracks background work on the instance (abandoned writes waiting
+	// to return their put slots); stop waits for it, and none starts after.
+	bgMu      sync.Mutex
+	bgStopped bool
+	bg        sync.WaitGroup
 }
 
 // segmentLayout is the shared segment given to each plugin process: the
@@ -303,10 +309,32 @@ func (in *instance) sharedMemory() *shm.Segment {
 	return in.seg
 }
 
-// stop abandons the instance and waits for its process to be gone.
+// stop abandons the instance and waits for its process and its
+// background work to be gone.
 func (in *instance) stop() {
 	in.abandon()
 	<-in.watched
+	in.bgMu.Lock()
+	in.bgStopped = true
+	in.bgMu.Unlock()
+	in.bg.Wait()
+}
+
+// background runs f on its own goroutine, tracked by stop; it returns
+// false, without running f, once stop has begun waiting. f must end
+// promptly once in.ctx ends.
+func (in *instance) background(f func()) bool {
+	in.bgMu.Lock()
+	defer in.bgMu.Unlock()
+	if in.bgStopped {
+		return false
+	}
+	in.bg.Add(1)
+	go func() {
+		defer in.bg.Done()
+		f()
+	}()
+	return true
 }
 
 // callCtx derives a call context from ctx that also ends, with cause
