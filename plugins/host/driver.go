@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"io"
 	"sync"
@@ -271,9 +272,8 @@ func (d *driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}); err != nil {
 		return sendErr(err)
 	}
-	crc := crc32.New(castagnoli)
+	body := bodyCheck{size: size, crc: crc32.New(castagnoli)}
 	buf := make([]byte, min(int64(wire.ChunkSize), max(size, 1)))
-	var count int64
 	abort := func(code backend.Code, err error) error {
 		cancel() // ends the stream without a commit frame
 		if ctx.Err() != nil {
@@ -285,11 +285,9 @@ func (d *driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
 			policy = crashNotCommitted
-			count += int64(n)
-			if count > size {
-				return abort(backend.CodeSizeMismatch, fmt.Errorf("source holds more than the declared %d bytes: %w", size, backend.ErrSizeMismatch))
+			if err := body.add(buf[:n]); err != nil {
+				return abort(backend.CodeSizeMismatch, err)
 			}
-			crc.Write(buf[:n])
 			if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Data{Data: &pb.PutData{Data: buf[:n]}}}); err != nil {
 				return sendErr(err)
 			}
@@ -301,14 +299,14 @@ func (d *driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 			return abort(backend.CodeOf(rerr), fmt.Errorf("source: %w", rerr))
 		}
 	}
-	if count != size {
-		return abort(backend.CodeSizeMismatch, fmt.Errorf("source delivered %d of the declared %d bytes: %w", count, size, backend.ErrSizeMismatch))
+	if err := body.complete(); err != nil {
+		return abort(backend.CodeSizeMismatch, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return abort(backend.CodeCanceled, err)
 	}
 	policy = crashAmbiguous
-	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: &pb.PutCommit{Count: count, Crc32C: crc.Sum32()}}}); err != nil {
+	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: body.commit()}}); err != nil {
 		return sendErr(err)
 	}
 	if _, err := stream.CloseAndRecv(); err != nil {
@@ -426,4 +424,34 @@ func (d *driver) Close() error {
 		return d.p.convert(ctx, in, "close", err, crashRetryable)
 	}
 	return nil
+}
+
+// bodyCheck counts and checksums a write's body as it is sent, for the
+// commit frame, refusing a source that delivers other than size bytes.
+type bodyCheck struct {
+	size, count int64
+	crc         hash.Hash32
+}
+
+// add accounts for b, failing if the source holds more than declared.
+func (b *bodyCheck) add(p []byte) error {
+	b.count += int64(len(p))
+	if b.count > b.size {
+		return fmt.Errorf("source holds more than the declared %d bytes: %w", b.size, backend.ErrSizeMismatch)
+	}
+	b.crc.Write(p)
+	return nil
+}
+
+// complete fails if the source ended before the declared size.
+func (b *bodyCheck) complete() error {
+	if b.count != b.size {
+		return fmt.Errorf("source delivered %d of the declared %d bytes: %w", b.count, b.size, backend.ErrSizeMismatch)
+	}
+	return nil
+}
+
+// commit is the commit frame for what was sent.
+func (b *bodyCheck) commit() *pb.PutCommit {
+	return &pb.PutCommit{Count: b.count, Crc32C: b.crc.Sum32()}
 }

@@ -199,8 +199,7 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}, false); err != nil {
 		return sendErr(err)
 	}
-	crc := crc32.New(castagnoli)
-	var count int64
+	body := bodyCheck{size: size, crc: crc32.New(castagnoli)}
 	abort := func(code backend.Code, err error) error {
 		// The deferred abandonment ends the stream without a commit frame.
 		if ctx.Err() != nil {
@@ -233,11 +232,9 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
 			policy = crashNotCommitted
-			count += int64(n)
-			if count > size {
-				return abort(backend.CodeSizeMismatch, fmt.Errorf("source holds more than the declared %d bytes: %w", size, backend.ErrSizeMismatch))
+			if err := body.add(buf[:n]); err != nil {
+				return abort(backend.CodeSizeMismatch, err)
 			}
-			crc.Write(buf[:n])
 			free = free[:len(free)-1]
 			outstanding[i] = true
 			if err := send(&pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: &pb.ShmRef{Slot: i, Length: uint32(n)}}}, false); err != nil {
@@ -251,14 +248,14 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 			return abort(backend.CodeOf(rerr), fmt.Errorf("source: %w", rerr))
 		}
 	}
-	if count != size {
-		return abort(backend.CodeSizeMismatch, fmt.Errorf("source delivered %d of the declared %d bytes: %w", count, size, backend.ErrSizeMismatch))
+	if err := body.complete(); err != nil {
+		return abort(backend.CodeSizeMismatch, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return abort(backend.CodeCanceled, err)
 	}
 	policy = crashAmbiguous
-	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: &pb.PutCommit{Count: count, Crc32C: crc.Sum32()}}}, true); err != nil {
+	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: body.commit()}}, true); err != nil {
 		return sendErr(err)
 	}
 	// A failed CloseSend means the stream ended; recv reports why.
