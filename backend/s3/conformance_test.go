@@ -1,19 +1,11 @@
 package s3_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/backend/s3"
 	"github.com/ckptkit/ckptkit/conformance"
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 // TestMain prints this backend's conformance rows after the tests.
@@ -58,33 +50,3 @@ func TestConformanceSeaweedFS(t *testing.T) {
 	})
 }
 
-var seaweedBucketOnce sync.Map // endpoint/bucket -> error
-
-// openStoreAt is openStore for an explicit URL: a fresh random prefix below
-// raw (plus params), emptied when the test ends.
-func openStoreAt(t conformance.T, raw string, kv ...string) *backend.Store {
-	t.Helper()
-	ctx := context.Background()
-	root, err := backend.Open(ctx, withParams(t, raw, kv...))
-	require.NoError(t, err)
-	drv := root.Driver().(*s3.Driver)
-	errAny, _ := seaweedBucketOnce.LoadOrStore(drv.Options().Endpoint+"/"+drv.Bucket(), ensureBucket(ctx, drv))
-	if errAny != nil {
-		require.NoError(t, errAny.(error))
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	st, err := root.Sub("t-" + hex.EncodeToString(b[:]))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var keys []string
-		_ = st.List(ctx, "", func(o backend.ObjectInfo) error { keys = append(keys, o.Key); return nil })
-		for _, k := range keys {
-			assert.NoError(t, st.Delete(ctx, k))
-		}
-		_ = root.Close()
-	})
-	return st
-}

@@ -34,18 +34,28 @@ func withParams(t conformance.T, raw string, kv ...string) string {
 	return storetest.WithParams(t, raw, kv...)
 }
 
-var bucketOnce sync.Map // bucket -> error
+var buckets sync.Map // endpoint/bucket -> error of ensureBucket
 
 // openStore opens the test URL (plus params) under a fresh random prefix
 // and removes everything below it when the test ends.
 func openStore(t conformance.T, kv ...string) *backend.Store {
 	t.Helper()
-	raw := withParams(t, testURL(t), kv...)
+	return openStoreAt(t, testURL(t), kv...)
+}
+
+// openStoreAt is openStore for an explicit server URL (the SeaweedFS
+// harness uses it): the bucket is created once per endpoint.
+func openStoreAt(t conformance.T, raw string, kv ...string) *backend.Store {
+	t.Helper()
 	ctx := context.Background()
-	root, err := backend.Open(ctx, raw)
+	root, err := backend.Open(ctx, withParams(t, raw, kv...))
 	require.NoError(t, err)
 	drv := root.Driver().(*s3.Driver)
-	errAny, _ := bucketOnce.LoadOrStore(drv.Bucket(), ensureBucket(ctx, drv))
+	id := drv.Options().Endpoint + "/" + drv.Bucket()
+	errAny, ok := buckets.Load(id)
+	if !ok {
+		errAny, _ = buckets.LoadOrStore(id, ensureBucket(ctx, drv))
+	}
 	if errAny != nil {
 		require.NoError(t, errAny.(error))
 	}
