@@ -49,4 +49,3 @@ func TestConformanceSeaweedFS(t *testing.T) {
 		Skip: seaweedDeviations,
 	})
 }
-
