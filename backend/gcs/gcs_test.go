@@ -42,7 +42,10 @@ func openStore(t conformance.T, kv ...string) *backend.Store {
 	root, err := backend.Open(ctx, raw)
 	require.NoError(t, err)
 	drv := root.Driver().(*gcs.Driver)
-	errAny, _ := bucketOnce.LoadOrStore(drv.Bucket(), ensureBucket(ctx, drv))
+	errAny, ok := bucketOnce.Load(drv.Bucket())
+	if !ok { // ensure the bucket once, not on every open
+		errAny, _ = bucketOnce.LoadOrStore(drv.Bucket(), ensureBucket(ctx, drv))
+	}
 	if errAny != nil {
 		require.NoError(t, errAny.(error))
 	}
