@@ -645,7 +645,7 @@ func readPart(r io.Reader, buf []byte, last bool) error {
 	for {
 		m, err := r.Read(b[:])
 		if m > 0 {
-			return errors.New("source holds more than the declared size")
+			return fmt.Errorf("source holds more than the declared size: %w", backend.ErrSizeMismatch)
 		}
 		if err == io.EOF {
 			return nil
