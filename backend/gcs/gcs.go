@@ -5,9 +5,12 @@
 //
 // Query parameters:
 //
-//	chunk_size  resumable-upload chunk size in bytes or with a KiB/MiB/GiB
-//	            suffix (default 16MiB, rounded up to a multiple of 256KiB);
-//	            objects larger than one chunk go through a resumable upload
+//	chunk_size  resumable-upload chunk size (default 16MiB, rounded up to a
+//	            multiple of 256KiB, at most 2GiB); objects larger than one
+//	            chunk go through a resumable upload
+//
+// Sizes follow the one unit rule of internal/bytesize: a plain number is
+// bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000.
 //
 // Credentials are Application Default Credentials. When STORAGE_EMULATOR_HOST
 // is set (for example to fake-gcs-server), the client talks to that host
@@ -28,11 +31,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 
 	"cloud.google.com/go/storage"
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
@@ -46,6 +49,9 @@ const DefaultChunkSize = 16 << 20
 
 // chunkAlign is the granularity GCS requires of resumable chunks.
 const chunkAlign = 256 << 10
+
+// maxChunkSize bounds chunk_size: one chunk is buffered in memory per Put.
+const maxChunkSize = 2 << 30
 
 func init() {
 	backend.MustRegister(Scheme, open)
@@ -112,11 +118,14 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
 		v := vs[len(vs)-1]
 		switch k {
 		case "chunk_size":
-			n, err := parseSize(v)
+			n, err := bytesize.Parse(v)
+			if err == nil && n > maxChunkSize {
+				err = fmt.Errorf("size %q is above the %d-byte limit", v, maxChunkSize)
+			}
 			if err != nil {
 				return nil, "", fmt.Errorf("gcs: URL parameter chunk_size: %w", err)
 			}
-			opts.ChunkSize = n
+			opts.ChunkSize = int(n)
 		default:
 			return nil, "", fmt.Errorf("gcs: unknown URL parameter %q", k)
 		}
@@ -126,28 +135,6 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
 		return nil, "", err
 	}
 	return d, strings.Trim(u.Path, "/"), nil
-}
-
-// parseSize parses a byte count: a plain integer or one with a KiB, MiB or
-// GiB suffix (K, M, G and KB, MB, GB are taken as binary units too).
-func parseSize(s string) (int, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	mult := 1
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-		if strings.HasSuffix(t, u.suffix) {
-			mult = u.mult
-			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
-			break
-		}
-	}
-	n, err := strconv.Atoi(t)
-	if err != nil || n < 0 || n > (1<<31)/mult {
-		return 0, fmt.Errorf("size %q is not a byte count", s)
-	}
-	return n * mult, nil
 }
 
 // Bucket returns the driver's bucket name.

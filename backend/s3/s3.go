@@ -10,9 +10,13 @@
 //	region               bucket region (default: AWS_REGION, AWS_DEFAULT_REGION, else auto)
 //	insecure=true        plain HTTP (same as secure=false)
 //	path_style=true      path-style bucket addressing (needed by most non-AWS servers)
-//	part_size            multipart part size in bytes, or with a KiB/MiB/GiB suffix (default 16MiB, minimum 5MiB)
+//	part_size            multipart part size (default 16MiB, minimum 5MiB)
 //	concurrency          parts in flight per upload (default 8)
 //	multipart_threshold  objects larger than this use multipart uploads (default 64MiB)
+//
+// Sizes follow the one unit rule of internal/bytesize: a plain number is
+// bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000 (so
+// part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
 //
 // Credentials never come from the URL. They come, in this order, from
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
@@ -38,6 +42,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"golang.org/x/sync/errgroup"
@@ -235,9 +240,9 @@ func ParseQuery(q url.Values) (Options, error) {
 		case "path_style":
 			o.PathStyle, err = strconv.ParseBool(v)
 		case "part_size":
-			o.PartSize, err = ParseSize(v)
+			o.PartSize, err = bytesize.Parse(v)
 		case "multipart_threshold":
-			o.MultipartThreshold, err = ParseSize(v)
+			o.MultipartThreshold, err = bytesize.Parse(v)
 		case "concurrency":
 			o.Concurrency, err = strconv.Atoi(v)
 		default:
@@ -248,29 +253,6 @@ func ParseQuery(q url.Values) (Options, error) {
 		}
 	}
 	return o, nil
-}
-
-// ParseSize parses a byte count: a plain integer or one with a KiB, MiB or
-// GiB suffix (K, M, G and KB, MB, GB are taken as the binary units too).
-func ParseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	mult := int64(1)
-	upper := strings.ToUpper(t)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-		if strings.HasSuffix(upper, u.suffix) {
-			mult = u.mult
-			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/mult {
-		return 0, fmt.Errorf("size %q is not a byte count", s)
-	}
-	return n * mult, nil
 }
 
 func firstNonEmpty(s ...string) string {
