@@ -254,16 +254,12 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	}()
 
 	buf := copyBufs.Get().(*[]byte)
-	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(ctxReader{ctx: ctx, r: r}, size+1), *buf)
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, *buf)
 	copyBufs.Put(buf)
 	if err != nil {
 		return fmt.Errorf("write %q: %w", key, err)
-	}
-	if n < size {
-		return fmt.Errorf("source ended after %d of %d declared bytes: %w", n, size, backend.ErrSizeMismatch)
-	}
-	if n > size {
-		return fmt.Errorf("source holds more than the %d declared bytes: %w", size, backend.ErrSizeMismatch)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync %q: %w", key, err)

@@ -98,9 +98,11 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gcs: client: %w", err)
 	}
-	// Reads, stats, lists and conditional writes are idempotent and retried
-	// by the client; Put opts its handle into RetryAlways (see Put).
-	client.SetRetry(storage.WithPolicy(storage.RetryIdempotent))
+	// The Store owns retries (backend.RetryPolicy): the client makes one
+	// attempt per call, so its retries (until a deadline, by default) do not
+	// stack under the Store's. A failed resumable chunk fails the Put, which
+	// the Store retries from the start when the source rewinds.
+	client.SetRetry(storage.WithPolicy(storage.RetryNever))
 	return &Driver{client: client, bucket: client.Bucket(bucket), name: bucket, opts: opts}, nil
 }
 
@@ -235,10 +237,7 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Checkpoint objects are written whole from a buffer the client keeps
-	// per chunk, so retrying even an unconditional write only rewrites the
-	// same bytes: retry every write, not only the conditional ones.
-	obj := d.bucket.Object(key).Retryer(storage.WithPolicy(storage.RetryAlways))
+	obj := d.bucket.Object(key)
 	if opts.IfNotExists {
 		obj = obj.If(storage.Conditions{DoesNotExist: true})
 	}
@@ -253,10 +252,9 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		w.CRC32C = *opts.CRC32C
 		w.SendCRC32C = true
 	}
-	n, err := io.Copy(w, &exactReader{r: r, remaining: size})
-	if err == nil && n != size {
-		err = fmt.Errorf("source ended %d bytes early: %w", size-n, io.ErrUnexpectedEOF)
-	}
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	_, err := io.Copy(w, r)
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -269,37 +267,6 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		return fmt.Errorf("gcs: put %s: %w", key, err)
 	}
 	return nil
-}
-
-// exactReader passes through at most remaining bytes, then checks that the
-// source holds nothing more.
-type exactReader struct {
-	r         io.Reader
-	remaining int64
-}
-
-func (e *exactReader) Read(p []byte) (int, error) {
-	if e.remaining <= 0 {
-		var b [1]byte
-		for {
-			n, err := e.r.Read(b[:])
-			if n > 0 {
-				return 0, errors.New("source holds more than the declared size")
-			}
-			if err != nil {
-				return 0, err
-			}
-		}
-	}
-	if int64(len(p)) > e.remaining {
-		p = p[:e.remaining]
-	}
-	n, err := e.r.Read(p)
-	e.remaining -= int64(n)
-	if err == io.EOF && e.remaining > 0 {
-		err = fmt.Errorf("source ended %d bytes early: %w", e.remaining, io.ErrUnexpectedEOF)
-	}
-	return n, err
 }
 
 // ErrorCode implements backend.Driver. It classifies by the storage

@@ -72,9 +72,6 @@ const (
 // on a fresh context because the caller's may already be cancelled.
 const abortTimeout = 30 * time.Second
 
-// partAttempts is how often one part is tried before the upload fails.
-const partAttempts = 3
-
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func init() {
@@ -183,8 +180,8 @@ func New(bucket string, opts Options) (*Driver, error) {
 		BucketLookup:    lookup,
 		Transport:       tr,
 		TrailingHeaders: true,
-		// The Store retries; one client-side attempt keeps the two layers
-		// from multiplying each other's retries.
+		// The Store owns retries (backend.RetryPolicy): one client-side
+		// attempt keeps the two layers from multiplying each other's.
 		MaxRetries: 1,
 	})
 	if err != nil {
@@ -419,50 +416,13 @@ func (d *Driver) putSingle(ctx context.Context, key string, size int64, r io.Rea
 		po.Checksum = minio.ChecksumCRC32C
 		po.DisableContentSha256 = true
 	}
-	// The body must deliver exactly size bytes; a short or failing source
-	// makes the request fail before the server commits anything.
-	body := &exactReader{r: r, remaining: size}
-	if _, err := d.core.PutObject(ctx, d.bucket, key, body, size, "", "", po); err != nil {
-		if body.err != nil {
-			return fmt.Errorf("s3: put %s: %w (request: %v)", key, body.err, err)
-		}
+	// r is the Store's exact-size body (size bytes, then io.EOF, or an
+	// error): a failing source makes the request fail before the server
+	// commits anything, and the Store reports the source's error.
+	if _, err := d.core.PutObject(ctx, d.bucket, key, r, size, "", "", po); err != nil {
 		return fmt.Errorf("s3: put %s: %w", key, err)
 	}
-	if body.err != nil {
-		// Cannot happen with a conforming HTTP client, but never report
-		// success for a body that failed.
-		return fmt.Errorf("s3: put %s: %w", key, body.err)
-	}
 	return nil
-}
-
-// exactReader passes through at most remaining bytes and remembers the
-// source's error, so it can be reported in preference to the HTTP layer's.
-type exactReader struct {
-	r         io.Reader
-	remaining int64
-	err       error
-}
-
-func (e *exactReader) Read(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	if e.remaining <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > e.remaining {
-		p = p[:e.remaining]
-	}
-	n, err := e.r.Read(p)
-	e.remaining -= int64(n)
-	if err == io.EOF && e.remaining > 0 {
-		err = fmt.Errorf("source ended %d bytes early: %w", e.remaining, io.ErrUnexpectedEOF)
-	}
-	if err != nil && err != io.EOF {
-		e.err = err
-	}
-	return n, err
 }
 
 // partSizeFor returns the part size for an object of size bytes: the
@@ -524,7 +484,7 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 			break // a part failed or ctx ended; g.Wait reports it
 		}
 		buf = buf[:n]
-		if rerr := readPart(r, buf, i == nparts-1); rerr != nil {
+		if rerr := readPart(r, buf); rerr != nil {
 			pool.put(buf)
 			readErr = fmt.Errorf("read part %d: %w", i+1, rerr)
 			break
@@ -603,9 +563,9 @@ func (d *Driver) abortUpload(ctx context.Context, key, uploadID string) error {
 }
 
 // readPart fills buf from r. Unlike io.ReadFull it keeps an error that
-// arrives with the bytes completing buf, and after the last part it checks
-// that r holds nothing more.
-func readPart(r io.Reader, buf []byte, last bool) error {
+// arrives with the bytes completing buf: the Store's exact-size body reports
+// an over-long source that way, with the last declared bytes.
+func readPart(r io.Reader, buf []byte) error {
 	n := 0
 	for n < len(buf) {
 		m, err := r.Read(buf[n:])
@@ -620,43 +580,22 @@ func readPart(r io.Reader, buf []byte, last bool) error {
 			return err
 		}
 	}
-	if !last {
-		return nil
-	}
-	var b [1]byte
-	for {
-		m, err := r.Read(b[:])
-		if m > 0 {
-			return fmt.Errorf("source holds more than the declared size: %w", backend.ErrSizeMismatch)
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return nil
 }
 
-// putPart uploads one buffered part, retrying transient failures a few
-// times: the part is in memory, so a retry costs one part, not the object.
+// putPart uploads one buffered part. The part is in memory, so a transient
+// failure retries the part, not the object: RetryWithin draws those
+// retries from the Store's budget for this Put, so part and Put retries
+// never multiply.
 func (d *Driver) putPart(ctx context.Context, key, uploadID string, partNum int, buf []byte, hdr http.Header) (minio.ObjectPart, error) {
-	delay := 200 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		p, err := d.core.PutObjectPart(ctx, d.bucket, key, uploadID, partNum, bytes.NewReader(buf), int64(len(buf)),
+	var p minio.ObjectPart
+	err := backend.RetryWithin(ctx, d.ErrorCode, func() error {
+		var err error
+		p, err = d.core.PutObjectPart(ctx, d.bucket, key, uploadID, partNum, bytes.NewReader(buf), int64(len(buf)),
 			minio.PutObjectPartOptions{CustomHeader: hdr})
-		if err == nil || attempt == partAttempts || d.ErrorCode(err) != backend.CodeTransient {
-			return p, err
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return p, err
-		case <-t.C:
-		}
-		delay *= 2
-	}
+		return err
+	})
+	return p, err
 }
 
 // bufPool hands out at most n buffers of one size, allocated on demand.
