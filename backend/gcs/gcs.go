@@ -101,8 +101,12 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	// The Store owns retries (backend.RetryPolicy): the client makes one
 	// attempt per call, so its retries (until a deadline, by default) do not
 	// stack under the Store's. A failed resumable chunk fails the Put, which
-	// the Store retries from the start when the source rewinds.
-	client.SetRetry(storage.WithPolicy(storage.RetryNever))
+	// the Store retries from the start when the source rewinds. RetryNever
+	// alone is not enough: it leaves the upload library's default chunk
+	// retries (5xx retried for 32 s) in place; a retry predicate that says
+	// no reaches those too.
+	client.SetRetry(storage.WithPolicy(storage.RetryAlways), storage.WithMaxAttempts(1),
+		storage.WithErrorFunc(func(error) bool { return false }))
 	return &Driver{client: client, bucket: client.Bucket(bucket), name: bucket, opts: opts}, nil
 }
 
