@@ -18,8 +18,8 @@ import (
 	"math"
 	"strings"
 
-	"github.com/dustin/go-humanize"
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/dustin/go-humanize"
 )
 
 // ErrInvalid is returned (wrapped, naming the input) for a string that is
