@@ -37,7 +37,11 @@ func (e *exitError) Unwrap() error { return e.err }
 func bad(err error) error { return &exitError{code: 1, err: err} }
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	// SIGINT/SIGTERM cancel every command's context; the exit code is then
+	// 130/143 (see signals.go).
+	ctx, in := withInterrupt(context.Background(), os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	os.Exit(in.stop(code))
 }
 
 // run executes the ckpt command line args and returns the exit code.
