@@ -132,4 +132,3 @@ func incompleteUploads(t *testing.T, d *s3.Driver, prefix string) []string {
 	}
 	return keys
 }
-
