@@ -22,26 +22,26 @@ import (
 	"github.com/dustin/go-humanize"
 )
 
-// ErrInvalid is returned (wrapped, naming the input) for a string that is
+// ErrNotASize is returned (wrapped, naming the input) for a string that is
 // not a byte count under the package's unit rule.
-var ErrInvalid = ckpterr.New(ckpterr.Usage, "not a byte count (a number of bytes, or with a unit: KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000)")
+var ErrNotASize = ckpterr.New(ckpterr.Usage, "not a byte count (a number of bytes, or with a unit: KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000)")
 
 // Rule is the unit rule in one line, for flag and URL help texts.
 const Rule = "bytes, or with a unit: KiB/MiB/GiB/TiB = powers of 1024, KB/MB/GB/TB = powers of 1000"
 
 // Parse returns the byte count s denotes. Negative and non-finite values,
-// values beyond int64 and unknown units are an error matching ErrInvalid.
+// values beyond int64 and unknown units are an error matching ErrNotASize.
 func Parse(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	if t == "" || strings.HasPrefix(t, "-") || strings.HasPrefix(t, "+") {
-		return 0, fmt.Errorf("size %q: %w", s, ErrInvalid)
+		return 0, fmt.Errorf("size %q: %w", s, ErrNotASize)
 	}
 	v, err := humanize.ParseBytes(t)
 	if err != nil {
-		return 0, fmt.Errorf("size %q: %w: %v", s, ErrInvalid, err)
+		return 0, fmt.Errorf("size %q: %w: %v", s, ErrNotASize, err)
 	}
 	if v > math.MaxInt64 {
-		return 0, fmt.Errorf("size %q: %w (too large)", s, ErrInvalid)
+		return 0, fmt.Errorf("size %q: %w (too large)", s, ErrNotASize)
 	}
 	return int64(v), nil
 }

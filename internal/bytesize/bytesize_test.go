@@ -47,7 +47,7 @@ func TestParseRejects(t *testing.T) {
 	for _, in := range []string{"", " ", "-1", "-5MiB", "+5", "MiB", "5 XB", "5MiBs", "1e3", "0x10", "NaN", "Inf", "8EiB", "99999999999999999999"} {
 		_, err := bytesize.Parse(in)
 		require.Error(t, err, "%q", in)
-		assert.True(t, errors.Is(err, bytesize.ErrInvalid), "%q: %v", in, err)
+		assert.True(t, errors.Is(err, bytesize.ErrNotASize), "%q: %v", in, err)
 		assert.Equal(t, ckpterr.Usage, ckpterr.ClassOf(err), "%q", in)
 		assert.Contains(t, err.Error(), "size \""+in+"\"")
 	}
