@@ -99,6 +99,12 @@ type Harness struct {
 	// Large makes storage/large-object write LargeObjectSize bytes (unless
 	// in short mode); the LargeEnv variable does the same.
 	Large bool
+	// Leftovers, when set, runs after every storage case that passed (plain
+	// and @prefix) with the store the case worked on, and fails the case
+	// when the backend kept debris of its writes that the portable API
+	// cannot see: incomplete multipart uploads, temporary files. Failed,
+	// cancelled and lost writes must leave none.
+	Leftovers func(t T, st *backend.Store)
 }
 
 // SkipCheckName is the pseudo-case, run first, that fails when

@@ -138,7 +138,11 @@ func TestToyPrefixCollisionIsCaught(t *testing.T) {
 		if strings.HasSuffix(r.Case, "@prefix") || r.Case == "storage/sub-isolation" {
 			continue
 		}
-		assert.Equal(t, conformance.StatusPass, r.Status, "%s: %s", r.Case, r.Message)
+		want := conformance.StatusPass
+		if r.Case == "storage/wrong-crc32c" {
+			want = conformance.StatusSkip // mem verifies no declared CRC32C
+		}
+		assert.Equal(t, want, r.Status, "%s: %s", r.Case, r.Message)
 	}
 }
 

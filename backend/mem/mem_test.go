@@ -11,9 +11,10 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/backend/mem"
+	"github.com/ckptkit/ckptkit/conformance"
 )
 
-func open(t *testing.T, url string) *backend.Store {
+func open(t conformance.T, url string) *backend.Store {
 	t.Helper()
 	s, err := backend.Open(context.Background(), url)
 	require.NoError(t, err)
