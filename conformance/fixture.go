@@ -1,12 +1,12 @@
 package conformance
 
 import (
-	"math/rand/v2"
 	"slices"
 	"strings"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/internal/detbytes"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
@@ -22,19 +22,9 @@ type fixture struct {
 }
 
 func newFixture(seed uint64) *fixture {
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	f := &fixture{full: map[string]*statedict.Tensor{}, bytes: map[string][]byte{}, replicated: map[string]bool{}, lazyParam: "expert1.weight"}
-	fill := func(t *statedict.Tensor) *statedict.Tensor {
-		for i := range t.Data {
-			t.Data[i] = byte(rng.Uint32())
-		}
-		if t.DType == statedict.Bool {
-			for i := range t.Data {
-				t.Data[i] &= 1
-			}
-		}
-		return t
-	}
+	n := seed << 32
+	fill := func(t *statedict.Tensor) *statedict.Tensor { n++; return detbytes.Tensor(t, n) }
 	var params []string
 	for _, dt := range statedict.DTypes() {
 		fqn := "layer_" + string(dt) + ".weight"

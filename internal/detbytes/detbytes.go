@@ -5,7 +5,11 @@
 // backend, plugin and operation tests all draw their payloads from it.
 package detbytes
 
-import "io"
+import (
+	"io"
+
+	"github.com/ckptkit/ckptkit/statedict"
+)
 
 // mix is splitmix64's finaliser: a bijection with good avalanche.
 func mix(x uint64) uint64 {
@@ -60,4 +64,16 @@ func (g *Reader) Read(p []byte) (int, error) {
 	Fill(p, g.seed, g.off)
 	g.off += int64(len(p))
 	return len(p), nil
+}
+
+// Tensor fills t's data with the stream of seed and returns t; bool
+// elements are masked to 0 or 1, the only valid bool bytes.
+func Tensor(t *statedict.Tensor, seed uint64) *statedict.Tensor {
+	Fill(t.Data, seed, 0)
+	if t.DType == statedict.Bool {
+		for i := range t.Data {
+			t.Data[i] &= 1
+		}
+	}
+	return t
 }
