@@ -31,6 +31,9 @@ var checkpointCases = []testCase{
 	checkpointCase("checkpoint/no-save-optimizer", caseNoSaveOptimizer),
 	checkpointCase("checkpoint/no-load-optimizer", caseNoLoadOptimizer),
 	checkpointCase("checkpoint/interrupted-save", caseInterruptedSave),
+	checkpointCase("checkpoint/dcp-lazy-moe-torch2", caseDCPLazy("lazy_moe2")),
+	checkpointCase("checkpoint/dcp-sparse-optim-torch1", caseDCPLazy("sparse_optim")),
+	checkpointCase("checkpoint/dcp-partial-rejected", caseDCPPartial),
 }
 
 // checkpointCase adapts a case that only needs the harness.
