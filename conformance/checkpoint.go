@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"strings"
 	"sync"
 
@@ -12,24 +13,31 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
+	"github.com/ckptkit/ckptkit/internal/detbytes"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/saver"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // checkpointCases are the resume-rule cases, run through the public save
 // and load API on the backend under test.
 var checkpointCases = []testCase{
 	checkpointCase("checkpoint/reshard-round-trip", caseReshard),
+	checkpointCase("checkpoint/lazy-state-pruned", caseLazyPruned),
+	checkpointCase("checkpoint/lazy-only-rank-loads", caseLazyOnlyRank),
 	checkpointCase("checkpoint/metadata-read-once", caseMetadataOnce),
 	checkpointCase("checkpoint/uncommitted-refused", caseUncommitted),
 	checkpointCase("checkpoint/flipped-byte-detected", caseFlippedByte),
 	checkpointCase("checkpoint/partial-optimizer-rejected", casePartial),
 	checkpointCase("checkpoint/layout-mismatch-rejected", caseLayout),
 	checkpointCase("checkpoint/shard-gap-rejected", caseCoverage),
+	checkpointCase("checkpoint/model-keys-strict", caseModelKeysStrict),
+	checkpointCase("checkpoint/missing-object-detected", caseMissingObject),
 	checkpointCase("checkpoint/no-save-optimizer", caseNoSaveOptimizer),
 	checkpointCase("checkpoint/no-load-optimizer", caseNoLoadOptimizer),
+	checkpointCase("checkpoint/weights-only-needs-no-load-optimizer", caseWeightsOnly),
 	checkpointCase("checkpoint/interrupted-save", caseInterruptedSave),
 	checkpointCase("checkpoint/dcp-lazy-moe-torch2", caseDCPLazy("lazy_moe2")),
 	checkpointCase("checkpoint/dcp-sparse-optim-torch1", caseDCPLazy("sparse_optim")),
@@ -73,9 +81,10 @@ func caseReshard(t T, h *Harness) {
 
 	for _, world := range []int{1, 2, 3, 4} {
 		targets := f.targets(world)
+		before := snapshot(targets)
 		rep, err := loader.Load(context.Background(), st, targets, quietLoad())
 		require.NoError(t, err, "load with %d ranks", world)
-		f.check(t, targets, f.isLazyKey)
+		f.check(t, before, targets, f.isLazyKey)
 		assert.Equal(t, int64(12), rep.Iteration)
 		assert.Equal(t, []string{f.lazyParam}, rep.LazyParams, "lazily-absent state reported")
 		assert.True(t, rep.OptimizerLoaded)
@@ -167,7 +176,12 @@ func listing(t T, st *backend.Store) map[string]int64 {
 // targets are unchanged and that the store is unchanged.
 func expectRejected(t T, st *backend.Store, f *fixture, opts loader.Options, want error, mentions ...string) {
 	t.Helper()
-	targets := f.targets(2)
+	expectRejectedInto(t, st, f.targets(2), opts, want, mentions...)
+}
+
+// expectRejectedInto is expectRejected with the caller's targets.
+func expectRejectedInto(t T, st *backend.Store, targets []*statedict.StateDict, opts loader.Options, want error, mentions ...string) {
+	t.Helper()
 	before := snapshot(targets)
 	objects := listing(t, st)
 	_, err := loader.Load(context.Background(), st, targets, opts)
@@ -245,11 +259,13 @@ func caseNoSaveOptimizer(t T, h *Harness) {
 	require.NotNil(t, res.Metadata.BytesValue("scheduler.last_epoch"), "scheduler must still be saved")
 
 	targets := f.targets(3)
+	freshOptimizer(targets)
+	before := snapshot(targets)
 	rep, err := loader.Load(context.Background(), st, targets, quietLoad())
 	require.NoError(t, err)
 	require.Equal(t, int64(42), rep.Iteration)
 	require.False(t, rep.OptimizerLoaded)
-	f.check(t, targets, isOptimizerKey)
+	f.check(t, before, targets, isOptimizerKey)
 }
 
 func caseNoLoadOptimizer(t T, h *Harness) {
@@ -257,13 +273,15 @@ func caseNoLoadOptimizer(t T, h *Harness) {
 	f := newFixture(9)
 	save(t, st, f, 2, saver.Options{Iteration: 9})
 	targets := f.targets(2)
+	freshOptimizer(targets)
+	before := snapshot(targets)
 	opts := quietLoad()
 	opts.NoLoadOptimizer = true
 	rep, err := loader.Load(context.Background(), st, targets, opts)
 	require.NoError(t, err)
 	require.Equal(t, int64(9), rep.Iteration)
 	require.False(t, rep.OptimizerLoaded)
-	f.check(t, targets, isOptimizerKey)
+	f.check(t, before, targets, isOptimizerKey)
 }
 
 // cancelOnPut cancels a context when the first data object write starts.
@@ -297,8 +315,240 @@ func caseInterruptedSave(t T, h *Harness) {
 	_, err = loader.Open(context.Background(), next)
 	require.True(t, errors.Is(err, loader.ErrIncomplete) || errors.Is(err, loader.ErrNoCheckpoint), "interrupted save must not be committed: %v", err)
 	targets := f.targets(2)
+	before := snapshot(targets)
 	rep, err := loader.Load(context.Background(), prev, targets, quietLoad())
 	require.NoError(t, err, "the previous checkpoint must stay loadable")
 	require.Equal(t, int64(1), rep.Iteration)
-	f.check(t, targets, f.isLazyKey)
+	f.check(t, before, targets, f.isLazyKey)
+}
+
+// lazyKeys returns the optimizer keys of f's lazily-absent parameter.
+func (f *fixture) lazyKeys() []string {
+	var out []string
+	for _, slot := range saver.DefaultOptimizerSlots {
+		out = append(out, "optimizer.state."+f.lazyParam+"."+slot)
+	}
+	return out
+}
+
+// logLines is a slog.Logger recording each message with its attributes.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lines = append(l.lines, string(p))
+		return len(p), nil
+	}), nil))
+}
+
+// mentioning counts the recorded lines that contain s.
+func (l *logLines) mentioning(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+type writerFunc func(p []byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
+
+// caseLazyPruned: resume rule 1 on its own. One trainable parameter (an
+// unrouted expert, declared by its model key) was saved without any
+// optimizer state while the others have full AdamW state; a resuming job
+// asks for fresh state of every parameter. The load succeeds at every world
+// size, the pruned parameter's optimizer target is left exactly as it was,
+// everything else loads bit for bit, the report names the parameter
+// exactly once and one log line says so; verify calls it information.
+func caseLazyPruned(t T, h *Harness) {
+	ctx := context.Background()
+	st := h.NewStore(t)
+	f := newFixture(11)
+	res := save(t, st, f, 2, saver.Options{Iteration: 5})
+	require.NotNil(t, res.Metadata.Tensor("model."+f.lazyParam), "the checkpoint declares the pruned parameter")
+	for _, k := range f.lazyKeys() {
+		require.Nil(t, res.Metadata.Tensor(k), "the pruned parameter has no optimizer state (%s)", k)
+	}
+	require.NotNil(t, res.Metadata.Tensor("optimizer.state.experts.0.weight.exp_avg_sq"), "its routed sibling has full state")
+	require.Equal(t, metadata.OptimizerSaved, res.Metadata.Training.Optimizer)
+
+	for _, world := range []int{1, 2, 3} {
+		targets := f.targets(world)
+		freshOptimizer(targets)
+		before := snapshot(targets)
+		logs := &logLines{}
+		opts := quietLoad()
+		opts.Logger = logs.logger()
+		rep, err := loader.Load(ctx, st, targets, opts)
+		require.NoError(t, err, "a lazily-absent parameter must not fail the load (%d ranks)", world)
+		require.Equal(t, []string{f.lazyParam}, rep.LazyParams, "the pruned parameter, reported exactly once (%d ranks)", world)
+		require.Positive(t, rep.LazyKeys)
+		require.True(t, rep.OptimizerLoaded)
+		require.Equal(t, int64(5), rep.Iteration)
+		require.Equal(t, 1, logs.mentioning(f.lazyParam), "one log line names the pruned parameter: %q", logs.lines)
+		for r := range targets {
+			for _, k := range f.lazyKeys() {
+				if s, ok := targets[r].Tensors[k]; ok {
+					require.Equal(t, before[r].Tensors[k].Data, s.Data, "rank %d: %s must be left fresh", r, k)
+				}
+			}
+		}
+		f.check(t, before, targets, f.isLazyKey)
+	}
+
+	vr, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.True(t, vr.Resumable, "%+v", vr.Problems)
+	require.Len(t, vr.Info, 1, "%+v", vr.Info)
+	require.Equal(t, loader.RuleLazyOptimizer, vr.Info[0].Rule)
+	require.Contains(t, vr.Info[0].Message, f.lazyParam)
+}
+
+// caseLazyOnlyRank: the exception to resume rule 3. A job (or a rank)
+// whose only trainable parameter is the unrouted expert has no saved state
+// for any of its parameters, but the saved state belongs to the
+// checkpoint's other parameters: not a layout mismatch, it loads under
+// rule 1.
+func caseLazyOnlyRank(t T, h *Harness) {
+	st := h.NewStore(t)
+	f := newFixture(12)
+	save(t, st, f, 2, saver.Options{Iteration: 6})
+	sd := statedict.New()
+	w := f.full["model."+f.lazyParam]
+	sd.Tensors["model."+f.lazyParam] = statedict.Whole(statedict.NewTensor(w.DType, w.Shape...))
+	for _, k := range f.lazyKeys() {
+		tn := statedict.NewTensor(statedict.Float32)
+		if !strings.HasSuffix(k, ".step") {
+			tn = statedict.NewTensor(statedict.Float32, w.Shape...)
+		}
+		sd.Tensors[k] = statedict.Whole(tn)
+	}
+	targets := []*statedict.StateDict{sd}
+	freshOptimizer(targets)
+	before := snapshot(targets)
+	rep, err := loader.Load(context.Background(), st, targets, quietLoad())
+	require.NoError(t, err, "a target holding only lazily-absent parameters is not a layout mismatch")
+	require.Equal(t, []string{f.lazyParam}, rep.LazyParams)
+	require.NotEmpty(t, rep.ExtraKeys, "the other parameters' keys are reported as extra")
+	f.check(t, before, targets, f.isLazyKey)
+}
+
+// caseModelKeysStrict: resume rule 5. A target key missing from the
+// checkpoint fails (naming it) unless declared frozen, in which case it is
+// left untouched and reported; checkpoint keys no target asks for are
+// reported, not fatal; a dtype or shape that differs fails naming the key.
+func caseModelKeysStrict(t T, h *Harness) {
+	ctx := context.Background()
+	st := h.NewStore(t)
+	f := newFixture(13)
+	save(t, st, f, 2, saver.Options{})
+	const added, dropped = "model.new_head.weight", "model.layer_int8.weight"
+	withNewHead := func() []*statedict.StateDict {
+		targets := f.targets(2)
+		head := detbytes.Tensor(statedict.NewTensor(statedict.Float32, 4, 3), 99)
+		for r := range targets {
+			targets[r].Tensors[added] = statedict.RowShard(head, r, 2)
+			delete(targets[r].Tensors, dropped)
+		}
+		return targets
+	}
+	expectRejectedInto(t, st, withNewHead(), quietLoad(), loader.ErrMissingKeys, added)
+
+	targets := withNewHead()
+	before := snapshot(targets)
+	opts := quietLoad()
+	opts.Frozen = []string{added}
+	rep, err := loader.Load(ctx, st, targets, opts)
+	require.NoError(t, err, "a missing key declared frozen")
+	require.Equal(t, []string{added}, rep.FrozenMissing)
+	require.Contains(t, rep.ExtraKeys, dropped, "a checkpoint key no target asks for is reported")
+	f.check(t, before, targets, func(k string) bool { return k == added || f.isLazyKey(k) })
+
+	// model.embed.weight is float32 [10 4] in the checkpoint.
+	for _, other := range []*statedict.Tensor{
+		statedict.NewTensor(statedict.Float64, 10, 4),
+		statedict.NewTensor(statedict.Float32, 10, 5),
+	} {
+		targets := f.targets(2)
+		for r := range targets {
+			targets[r].Tensors["model.embed.weight"] = statedict.RowShard(other, r, 2)
+		}
+		expectRejectedInto(t, st, targets, quietLoad(), loader.ErrMismatch, "model.embed.weight")
+	}
+}
+
+// caseMissingObject: a committed checkpoint whose data object was deleted,
+// or truncated, is refused: verify names the object (missing-object,
+// object-size), and a load fails without touching the targets.
+func caseMissingObject(t T, h *Harness) {
+	ctx := context.Background()
+	st := h.NewStore(t)
+	f := newFixture(14)
+	res := save(t, st, f, 2, saver.Options{})
+	require.GreaterOrEqual(t, len(res.Metadata.Objects), 2)
+	gone, short := res.Metadata.Objects[0], res.Metadata.Objects[1]
+	data, err := st.ReadAll(ctx, short.Key, 0)
+	require.NoError(t, err)
+	require.NoError(t, st.PutBytes(ctx, short.Key, data[:len(data)-1], backend.PutOptions{}))
+	require.NoError(t, st.Delete(ctx, gone.Key))
+
+	vr, err := loader.Verify(ctx, st, loader.VerifyOptions{})
+	require.NoError(t, err)
+	require.False(t, vr.Resumable)
+	rules := map[string]string{}
+	for _, p := range vr.Problems {
+		rules[p.Rule] += p.Object + " "
+	}
+	require.Contains(t, rules[loader.RuleMissingObject], gone.Key, "%+v", vr.Problems)
+	require.Contains(t, rules[loader.RuleObjectSize], short.Key, "%+v", vr.Problems)
+
+	targets := f.targets(2)
+	before := snapshot(targets)
+	_, err = loader.Load(ctx, st, targets, quietLoad())
+	require.Error(t, err, "a load from a checkpoint missing a data object")
+	requireUnchanged(t, before, targets)
+}
+
+// caseWeightsOnly: resume rule 6 for a checkpoint saved without any
+// optimizer key (record "none", not "omitted"): a target asking for
+// optimizer state fails with ErrMissingKeys instead of starting fresh
+// silently; with NoLoadOptimizer it loads iteration, scheduler and model.
+func caseWeightsOnly(t T, h *Harness) {
+	st := h.NewStore(t)
+	f := newFixture(15)
+	state := f.saveState(2)
+	for _, sd := range state {
+		for _, k := range sd.Keys() {
+			if isOptimizerKey(k) {
+				delete(sd.Tensors, k)
+				delete(sd.Bytes, k)
+			}
+		}
+	}
+	res, err := saver.SaveLocal(context.Background(), st, state, saver.Options{Iteration: 21})
+	require.NoError(t, err)
+	require.Equal(t, metadata.OptimizerNone, res.Metadata.Training.Optimizer)
+
+	expectRejected(t, st, f, quietLoad(), loader.ErrMissingKeys, "optimizer.state.")
+
+	targets := f.targets(2)
+	freshOptimizer(targets)
+	before := snapshot(targets)
+	opts := quietLoad()
+	opts.NoLoadOptimizer = true
+	rep, err := loader.Load(context.Background(), st, targets, opts)
+	require.NoError(t, err)
+	require.Equal(t, int64(21), rep.Iteration)
+	require.False(t, rep.OptimizerLoaded)
+	f.check(t, before, targets, isOptimizerKey)
 }
