@@ -47,6 +47,7 @@ var storageCases = []storageCase{
 	{"storage/failed-source", caseFailedSource},
 	{"storage/size-mismatch", caseSizeMismatch},
 	{"storage/wrong-crc32c", caseWrongCRC32C},
+	{"storage/wrong-crc32c-multipart", caseWrongCRC32CMultipart},
 	{"storage/create-if-absent", caseCreateIfAbsent},
 	{"storage/ranges", caseRanges},
 	{"storage/list-sorted", caseListSorted},
@@ -1048,25 +1049,33 @@ func caseConcurrent(t T, s *storeEnv) {
 }
 
 // caseWrongCRC32C: with Capabilities().ServerCRC32C, a write whose
-// declared CRC32C does not match its body fails and publishes nothing (on
-// the multipart path too). Without it the case is skipped: a declared
-// CRC32C is then only a hint.
+// declared CRC32C does not match its body fails and publishes nothing.
+// Without it the case is skipped: a declared CRC32C is then only a hint.
 func caseWrongCRC32C(t T, s *storeEnv) {
-	ctx := t.Context()
-	st := s.st
+	requireWrongCRCRefused(t, s.st, 7, 300_000)
+}
+
+// caseWrongCRC32CMultipart is caseWrongCRC32C for a body that goes
+// through the multipart (resumable) path; skipped without one.
+func caseWrongCRC32CMultipart(t T, s *storeEnv) {
+	size, _ := multipartBody(s.st)
+	if size == 0 {
+		t.Skip("backend does not declare Capabilities().Multipart with a PartSize")
+	}
+	requireWrongCRCRefused(t, s.st, size)
+}
+
+func requireWrongCRCRefused(t T, st *backend.Store, sizes ...int64) {
+	t.Helper()
 	if !st.Capabilities().ServerCRC32C {
 		t.Skip("backend does not declare Capabilities().ServerCRC32C (declared checksums are not verified on upload)")
 	}
 	old := pattern(20, 500)
 	put(t, st, "crc/old", old)
-	sizes := []int64{7, 300_000}
-	if size, _ := multipartBody(st); size > 0 {
-		sizes = append(sizes, size)
-	}
 	for _, size := range sizes {
 		bad := streamCRC(21, size) ^ 1
 		for _, key := range []string{"crc/old", "crc/new"} {
-			err := st.Put(ctx, key, size, detbytes.NewReader(21, size), backend.PutOptions{CRC32C: &bad})
+			err := st.Put(t.Context(), key, size, detbytes.NewReader(21, size), backend.PutOptions{CRC32C: &bad})
 			require.Error(t, err, "Put of %q (%d bytes) declaring a wrong CRC32C", key, size)
 		}
 	}
