@@ -258,12 +258,20 @@ func caseNoSaveOptimizer(t T, h *Harness) {
 	}
 	require.NotNil(t, res.Metadata.BytesValue("scheduler.last_epoch"), "scheduler must still be saved")
 
-	targets := f.targets(3)
+	loadWithoutOptimizer(t, st, f, 3, 42, quietLoad())
+}
+
+// loadWithoutOptimizer loads into fresh targets for world ranks and checks
+// that the iteration and every key outside the optimizer were restored
+// while the optimizer targets were left as they were.
+func loadWithoutOptimizer(t T, st *backend.Store, f *fixture, world int, iteration int64, opts loader.Options) {
+	t.Helper()
+	targets := f.targets(world)
 	freshOptimizer(targets)
 	before := snapshot(targets)
-	rep, err := loader.Load(context.Background(), st, targets, quietLoad())
+	rep, err := loader.Load(context.Background(), st, targets, opts)
 	require.NoError(t, err)
-	require.Equal(t, int64(42), rep.Iteration)
+	require.Equal(t, iteration, rep.Iteration)
 	require.False(t, rep.OptimizerLoaded)
 	f.check(t, before, targets, isOptimizerKey)
 }
@@ -272,16 +280,9 @@ func caseNoLoadOptimizer(t T, h *Harness) {
 	st := h.NewStore(t)
 	f := newFixture(9)
 	save(t, st, f, 2, saver.Options{Iteration: 9})
-	targets := f.targets(2)
-	freshOptimizer(targets)
-	before := snapshot(targets)
 	opts := quietLoad()
 	opts.NoLoadOptimizer = true
-	rep, err := loader.Load(context.Background(), st, targets, opts)
-	require.NoError(t, err)
-	require.Equal(t, int64(9), rep.Iteration)
-	require.False(t, rep.OptimizerLoaded)
-	f.check(t, before, targets, isOptimizerKey)
+	loadWithoutOptimizer(t, st, f, 2, 9, opts)
 }
 
 // cancelOnPut cancels a context when the first data object write starts.
@@ -540,15 +541,7 @@ func caseWeightsOnly(t T, h *Harness) {
 	require.Equal(t, metadata.OptimizerNone, res.Metadata.Training.Optimizer)
 
 	expectRejected(t, st, f, quietLoad(), loader.ErrMissingKeys, "optimizer.state.")
-
-	targets := f.targets(2)
-	freshOptimizer(targets)
-	before := snapshot(targets)
 	opts := quietLoad()
 	opts.NoLoadOptimizer = true
-	rep, err := loader.Load(context.Background(), st, targets, opts)
-	require.NoError(t, err)
-	require.Equal(t, int64(21), rep.Iteration)
-	require.False(t, rep.OptimizerLoaded)
-	f.check(t, before, targets, isOptimizerKey)
+	loadWithoutOptimizer(t, st, f, 2, 21, opts)
 }
