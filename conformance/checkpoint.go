@@ -114,10 +114,7 @@ func caseUncommitted(t T, h *Harness) {
 	_, err := loader.Load(context.Background(), st, targets, quietLoad())
 	require.ErrorIs(t, err, loader.ErrIncomplete)
 	requireUnchanged(t, before, targets)
-	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{})
-	require.NoError(t, err)
-	require.False(t, rep.Resumable)
-	require.Equal(t, loader.RuleUncommitted, rep.Problems[0].Rule)
+	requireVerifyProblem(t, st, false, loader.RuleUncommitted)
 }
 
 func caseFlippedByte(t T, h *Harness) {
@@ -142,10 +139,18 @@ func caseFlippedByte(t T, h *Harness) {
 	assert.Contains(t, msg, "offset")
 	requireUnchanged(t, before, targets)
 
-	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	requireVerifyProblem(t, st, true, loader.RuleChecksum)
+}
+
+// requireVerifyProblem checks that verify (deep or not) calls the
+// checkpoint at st not resumable, for rule first.
+func requireVerifyProblem(t T, st *backend.Store, deep bool, rule string) {
+	t.Helper()
+	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: deep})
 	require.NoError(t, err)
-	require.False(t, rep.Resumable)
-	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
+	require.False(t, rep.Resumable, "verify must refuse the checkpoint (%s)", rule)
+	require.NotEmpty(t, rep.Problems)
+	require.Equal(t, rule, rep.Problems[0].Rule, "%+v", rep.Problems)
 }
 
 // rewriteMetadata alters a real saved checkpoint's metadata in place.
@@ -207,10 +212,7 @@ func casePartial(t T, h *Harness) {
 		t.Fatalf("fixture lacks the slot to remove")
 	})
 	expectRejected(t, st, f, quietLoad(), loader.ErrPartialOptimizerState, "embed.weight", "optimizer.state.embed.weight.exp_avg_sq")
-	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{})
-	require.NoError(t, err)
-	require.False(t, rep.Resumable)
-	require.Equal(t, loader.RulePartialOptimizer, rep.Problems[0].Rule)
+	requireVerifyProblem(t, st, false, loader.RulePartialOptimizer)
 }
 
 func caseLayout(t T, h *Harness) {
@@ -223,10 +225,7 @@ func caseLayout(t T, h *Harness) {
 		}
 	})
 	expectRejected(t, st, f, quietLoad(), loader.ErrLayoutMismatch, "optimizer.state.module.")
-	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{})
-	require.NoError(t, err)
-	require.False(t, rep.Resumable)
-	require.Equal(t, loader.RuleLayoutMismatch, rep.Problems[0].Rule)
+	requireVerifyProblem(t, st, false, loader.RuleLayoutMismatch)
 }
 
 func caseCoverage(t T, h *Harness) {
@@ -241,10 +240,7 @@ func caseCoverage(t T, h *Harness) {
 		}
 	})
 	expectRejected(t, st, f, quietLoad(), planner.ErrCoverage, "model.embed.weight", "gap")
-	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{})
-	require.NoError(t, err)
-	require.False(t, rep.Resumable)
-	require.Equal(t, loader.RuleShardCoverage, rep.Problems[0].Rule)
+	requireVerifyProblem(t, st, false, loader.RuleShardCoverage)
 }
 
 func caseNoSaveOptimizer(t T, h *Harness) {

@@ -201,9 +201,5 @@ func caseDCPPartial(t T, h *Harness) {
 	requireUnchanged(t, []*statedict.StateDict{before}, []*statedict.StateDict{target})
 	require.Equal(t, objects, listing(t, st), "a failed load must not change the store")
 
-	vr, err := loader.Verify(ctx, st, loader.VerifyOptions{})
-	require.NoError(t, err)
-	require.False(t, vr.Resumable)
-	require.NotEmpty(t, vr.Problems)
-	require.Equal(t, loader.RulePartialOptimizer, vr.Problems[0].Rule)
+	requireVerifyProblem(t, st, false, loader.RulePartialOptimizer)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	ckptfs "github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/conformance"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
 // TestMain prints this backend's conformance rows after the tests.
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) { conformance.Main(m) }
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		Name:      "fs",
-		NewStore:  func(t conformance.T) *backend.Store { return open(t, t.TempDir()+"/root") },
+		NewStore:  func(t conformance.T) *backend.Store { return storetest.Open(t, t.TempDir()+"/root") },
 		Leftovers: noTempFiles,
 	})
 }

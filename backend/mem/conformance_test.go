@@ -8,6 +8,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/mem"
 	"github.com/ckptkit/ckptkit/conformance"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
 // TestMain prints this backend's conformance rows after the tests.
@@ -21,6 +22,6 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{Name: "mem", NewStore: func(t conformance.T) *backend.Store {
 		name := fmt.Sprintf("conf-%d", bucketSeq.Add(1))
 		t.Cleanup(func() { mem.Reset(name) })
-		return open(t, "mem://"+name+"/run/7")
+		return storetest.Open(t, "mem://"+name+"/run/7")
 	}})
 }

@@ -62,12 +62,7 @@ func Backends(t testing.TB) []Backend {
 }
 
 // OpenURL opens a store and closes it at cleanup.
-func OpenURL(t testing.TB, raw string) *backend.Store {
-	st, err := backend.Open(context.Background(), raw)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
+func OpenURL(t testing.TB, raw string) *backend.Store { return storetest.Open(t, raw) }
 
 // State is a deterministic training state: global tensors and bytes values.
 type State struct {

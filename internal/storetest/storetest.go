@@ -36,6 +36,15 @@ func TestURL(t conformance.T, env string) string {
 	return u
 }
 
+// Open opens the store at raw and closes it when the test ends.
+func Open(t conformance.T, raw string) *backend.Store {
+	t.Helper()
+	st, err := backend.Open(context.Background(), raw)
+	require.NoError(t, err, "open %s", backend.RedactURL(raw))
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
 // WithParams returns raw with the query parameters kv (name, value, name,
 // value, ...) set.
 func WithParams(t conformance.T, raw string, kv ...string) string {
