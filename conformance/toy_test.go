@@ -178,3 +178,39 @@ func TestCasesAreUniqueAndPaired(t *testing.T) {
 		}
 	}
 }
+
+// bitRot flips one bit in every 256 bytes read from a DCP data file and
+// reports success.
+type bitRot struct{ backend.Driver }
+
+type rotReader struct{ io.ReadCloser }
+
+func (r rotReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	for i := 0; i < n; i += 256 {
+		p[i] ^= 0x10
+	}
+	return n, err
+}
+
+func (d bitRot) NewRangeReader(ctx context.Context, key string, off, n int64) (io.ReadCloser, error) {
+	rc, err := d.Driver.NewRangeReader(ctx, key, off, n)
+	if err != nil || !strings.HasSuffix(key, ".distcp") {
+		return rc, err
+	}
+	return rotReader{rc}, nil
+}
+
+// The DCP cases check the bytes that come back through the backend, not
+// only that a load returns: a backend corrupting one bit of a data file
+// fails them.
+func TestToyBitRotFailsTheDCPCases(t *testing.T) {
+	h := conformance.Harness{Name: "bitrot", NewStore: func(t conformance.T) *backend.Store {
+		st, err := backend.NewStore(bitRot{mem.New()}, "mem://bitrot", "")
+		require.NoError(t, err)
+		t.Cleanup(func() { st.Close() })
+		return st
+	}}
+	res := conformance.RunAll(context.Background(), h, conformance.Options{Short: true, Match: regexp.MustCompile(`^checkpoint/dcp-`)})
+	requireStatus(t, res, conformance.StatusFail, "checkpoint/dcp-lazy-moe-torch2", "checkpoint/dcp-sparse-optim-torch1")
+}
