@@ -13,6 +13,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/detbytes"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
@@ -480,40 +481,53 @@ func caseModelKeysStrict(t T, h *Harness) {
 		for r := range targets {
 			targets[r].Tensors["model.embed.weight"] = statedict.RowShard(other, r, 2)
 		}
-		expectRejectedInto(t, st, targets, quietLoad(), loader.ErrMismatch, "model.embed.weight")
+		expectRejectedInto(t, st, targets, quietLoad(), loader.ErrTargetMismatch, "model.embed.weight")
 	}
 }
 
 // caseMissingObject: a committed checkpoint whose data object was deleted,
-// or truncated, is refused: verify names the object (missing-object,
-// object-size), and a load fails without touching the targets.
+// or truncated, is a bad checkpoint: verify names the object
+// (missing-object, object-size), and a load fails with
+// loader.ErrMissingObject (class BadCheckpoint) without touching the
+// targets.
 func caseMissingObject(t T, h *Harness) {
 	ctx := context.Background()
-	st := h.NewStore(t)
+	root := h.NewStore(t)
 	f := newFixture(14)
-	res := save(t, st, f, 2, saver.Options{})
-	require.GreaterOrEqual(t, len(res.Metadata.Objects), 2)
-	gone, short := res.Metadata.Objects[0], res.Metadata.Objects[1]
-	data, err := st.ReadAll(ctx, short.Key, 0)
-	require.NoError(t, err)
-	require.NoError(t, st.PutBytes(ctx, short.Key, data[:len(data)-1], backend.PutOptions{}))
-	require.NoError(t, st.Delete(ctx, gone.Key))
+	for _, damage := range []struct {
+		name, rule string
+		do         func(st *backend.Store, key string)
+		want       error
+	}{
+		{"deleted", loader.RuleMissingObject, func(st *backend.Store, key string) {
+			require.NoError(t, st.Delete(ctx, key))
+		}, loader.ErrMissingObject},
+		{"truncated", loader.RuleObjectSize, func(st *backend.Store, key string) {
+			data, err := st.ReadAll(ctx, key, 0)
+			require.NoError(t, err)
+			require.NoError(t, st.PutBytes(ctx, key, data[:len(data)-1], backend.PutOptions{}))
+		}, loader.ErrMissingObject},
+	} {
+		st, err := root.Sub(damage.name)
+		require.NoError(t, err)
+		res := save(t, st, f, 2, saver.Options{})
+		obj := res.Metadata.Objects[len(res.Metadata.Objects)-1].Key
+		damage.do(st, obj)
 
-	vr, err := loader.Verify(ctx, st, loader.VerifyOptions{})
-	require.NoError(t, err)
-	require.False(t, vr.Resumable)
-	rules := map[string]string{}
-	for _, p := range vr.Problems {
-		rules[p.Rule] += p.Object + " "
+		vr, err := loader.Verify(ctx, st, loader.VerifyOptions{})
+		require.NoError(t, err)
+		require.False(t, vr.Resumable, "%s data object", damage.name)
+		require.NotEmpty(t, vr.Problems)
+		require.Equal(t, damage.rule, vr.Problems[0].Rule, "%+v", vr.Problems)
+		require.Contains(t, vr.Problems[0].Object, obj)
+
+		targets := f.targets(2)
+		before := snapshot(targets)
+		_, err = loader.Load(ctx, st, targets, quietLoad())
+		require.ErrorIs(t, err, damage.want, "a load from a checkpoint with a %s data object", damage.name)
+		require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err), "a %s data object makes a bad checkpoint: %v", damage.name, err)
+		requireUnchanged(t, before, targets)
 	}
-	require.Contains(t, rules[loader.RuleMissingObject], gone.Key, "%+v", vr.Problems)
-	require.Contains(t, rules[loader.RuleObjectSize], short.Key, "%+v", vr.Problems)
-
-	targets := f.targets(2)
-	before := snapshot(targets)
-	_, err = loader.Load(ctx, st, targets, quietLoad())
-	require.Error(t, err, "a load from a checkpoint missing a data object")
-	requireUnchanged(t, before, targets)
 }
 
 // caseWeightsOnly: resume rule 6 for a checkpoint saved without any
