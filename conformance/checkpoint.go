@@ -242,6 +242,21 @@ func caseCoverage(t T, h *Harness) {
 	})
 	expectRejected(t, st, f, quietLoad(), planner.ErrCoverage, "model.embed.weight", "gap")
 	requireVerifyProblem(t, st, false, loader.RuleShardCoverage)
+
+	// Chunks that overlap: the last one said to start a row earlier.
+	over, err := st.Sub("overlap")
+	require.NoError(t, err)
+	save(t, over, f, 4, saver.Options{})
+	rewriteMetadata(t, over, func(md *metadata.Checkpoint) {
+		for i := range md.Tensors {
+			if e := &md.Tensors[i]; e.Key == "model.embed.weight" {
+				last := &e.Chunks[len(e.Chunks)-1]
+				last.Offsets[0]--
+			}
+		}
+	})
+	expectRejected(t, over, f, quietLoad(), planner.ErrCoverage, "model.embed.weight", "overlap")
+	requireVerifyProblem(t, over, false, loader.RuleShardCoverage)
 }
 
 func caseNoSaveOptimizer(t T, h *Harness) {

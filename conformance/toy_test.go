@@ -6,6 +6,7 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -213,4 +214,34 @@ func TestToyBitRotFailsTheDCPCases(t *testing.T) {
 	}}
 	res := conformance.RunAll(context.Background(), h, conformance.Options{Short: true, Match: regexp.MustCompile(`^checkpoint/dcp-`)})
 	requireStatus(t, res, conformance.StatusFail, "checkpoint/dcp-lazy-moe-torch2", "checkpoint/dcp-sparse-optim-torch1")
+}
+
+// Harness.Leftovers runs after every storage case that passed, on the
+// store the case used (the Sub store for @prefix runs), and its failure
+// fails the case; checkpoint cases do not call it.
+func TestLeftoversCheckFailsStorageCases(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	h := conformance.Harness{
+		Name: "leftovers",
+		NewStore: func(t conformance.T) *backend.Store {
+			st, err := backend.NewStore(mem.New(), "mem://leftovers", "")
+			require.NoError(t, err)
+			t.Cleanup(func() { st.Close() })
+			return st
+		},
+		Leftovers: func(t conformance.T, st *backend.Store) {
+			mu.Lock()
+			seen[t.Name()] = strings.Contains(st.String(), "/sub-")
+			mu.Unlock()
+			t.Errorf("debris left below %s", st)
+		},
+	}
+	res := conformance.RunAll(context.Background(), h, conformance.Options{Short: true, Match: regexp.MustCompile(`^(storage/(zero-length|wrong-crc32c)|checkpoint/metadata-read-once)`)})
+	requireStatus(t, res, conformance.StatusFail, "storage/zero-length", "storage/zero-length@prefix")
+	requireStatus(t, res, conformance.StatusSkip, "storage/wrong-crc32c")
+	requireStatus(t, res, conformance.StatusPass, "checkpoint/metadata-read-once")
+	r, _ := res.Get("storage/zero-length")
+	assert.Contains(t, r.Message, "debris left below")
+	assert.Equal(t, map[string]bool{"storage/zero-length": false, "storage/zero-length@prefix": true}, seen)
 }
