@@ -17,7 +17,12 @@
 //
 // Known deviations are declared as data in Harness.Skip, never by editing
 // asserts; a Skip entry naming no case fails the run, so declarations cannot
-// outlive the case they excuse.
+// outlive the case they excuse. Cases that need a capability the driver
+// does not declare (Capabilities) skip themselves with the reason.
+//
+// The checkpoint/dcp-* cases write real PyTorch DCP checkpoints, embedded
+// in the package, object by object through the store under test, so they
+// run wherever the suite runs.
 package conformance
 
 import (
