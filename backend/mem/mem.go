@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"gocloud.dev/blob"
@@ -196,6 +197,31 @@ func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.Object
 			continue
 		}
 		if err := fn(backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime}); err != nil {
+			return err
+		}
+	}
+}
+
+// ListDelimited implements backend.Driver with the bucket's delimiter
+// listing (common prefixes arrive as directory entries).
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	it := d.bucket.List(&blob.ListOptions{Prefix: prefix, Delimiter: backend.Delimiter})
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		o, err := it.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("list %q: %w", prefix, err)
+		}
+		e := backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime, IsPrefix: o.IsDir}
+		if o.IsDir {
+			e.Size, e.ModTime = 0, time.Time{}
+		}
+		if err := fn(e); err != nil {
 			return err
 		}
 	}
