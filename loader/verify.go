@@ -87,6 +87,16 @@ func Verify(ctx context.Context, st *backend.Store, opts VerifyOptions) (*Verify
 	return rep, nil
 }
 
+// Verify checks the open checkpoint as the package-level Verify does,
+// without reading its metadata again.
+func (c *Checkpoint) Verify(ctx context.Context, opts VerifyOptions) (*VerifyReport, error) {
+	rep := &VerifyReport{URL: c.URL(), Deep: opts.Deep, Problems: []Finding{}, Info: []Finding{}}
+	if err := c.VerifyInto(ctx, rep, opts); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
 // VerifyInto checks an open checkpoint and appends to rep.
 func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts VerifyOptions) error {
 	md := c.md
