@@ -137,6 +137,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			}
 			sr, err := saver.SaveLocal(ctx, st, tr.StateDicts(f.ranks, !f.noSaveOptim), saver.Options{
 				Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true,
+				Params: tr.Trainable(),
 			})
 			if err != nil {
 				return err
