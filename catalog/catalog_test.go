@@ -17,7 +17,6 @@ import (
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"
-	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // flipDataByte flips one byte in the middle of the first data object of the
@@ -152,13 +151,8 @@ func TestLatestThenLoadReadsMetadataOnce(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			run := b.Open(t)
-			s4 := ckpttest.NewState(4, 4)
 			for i := int64(1); i <= 4; i++ {
-				st := ckpttest.NewState(uint64(i), 4)
-				if i == 4 {
-					st = s4
-				}
-				ckpttest.SaveStep(t, run, i, st, 2)
+				ckpttest.SaveStep(t, run, i, ckpttest.NewState(uint64(i), 4), 2)
 			}
 			counter := instrument.Wrap(run.Driver())
 			found, skipped, err := catalog.Latest(ctx, run.WithDriver(counter), false)
@@ -166,17 +160,8 @@ func TestLatestThenLoadReadsMetadataOnce(t *testing.T) {
 			require.Empty(t, skipped)
 			assert.Equal(t, int64(4), found.Step)
 			assert.True(t, found.Report.Resumable)
-			sds := s4.Shard(2)
-			targets := make([]*statedict.StateDict, len(sds))
-			for r, sd := range sds {
-				targets[r] = statedict.New()
-				for k, v := range sd.Tensors {
-					targets[r].Tensors[k] = &statedict.Shard{DType: v.DType, GlobalShape: v.GlobalShape, Offsets: v.Offsets, Sizes: v.Sizes, Data: make([]byte, len(v.Data))}
-				}
-				for k := range sd.Bytes {
-					targets[r].Bytes[k] = nil
-				}
-			}
+			sds := ckpttest.NewState(4, 4).Shard(2)
+			targets := ckpttest.Targets(sds)
 			rep, err := found.Checkpoint.Load(ctx, targets, loader.Options{})
 			require.NoError(t, err)
 			assert.Equal(t, int64(4), rep.Iteration)
@@ -244,16 +229,7 @@ func TestPerRankOpaqueState(t *testing.T) {
 			require.NoError(t, err)
 
 			// Each rank of a resume with the same world size asks for its own keys.
-			targets := make([]*statedict.StateDict, world)
-			for r := range world {
-				targets[r] = statedict.New()
-				for k, v := range sds[r].Tensors {
-					targets[r].Tensors[k] = &statedict.Shard{DType: v.DType, GlobalShape: v.GlobalShape, Offsets: v.Offsets, Sizes: v.Sizes, Data: make([]byte, len(v.Data))}
-				}
-				for k := range sds[r].Bytes {
-					targets[r].Bytes[k] = nil
-				}
-			}
+			targets := ckpttest.Targets(sds)
 			rep, err := loader.Load(ctx, st, targets, loader.Options{})
 			require.NoError(t, err)
 			assert.Equal(t, int64(42), rep.Iteration)

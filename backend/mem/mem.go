@@ -15,7 +15,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"gocloud.dev/blob"
@@ -181,31 +180,19 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 
 // List implements backend.Driver, streaming the bucket's sorted listing.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
-	it := d.bucket.List(&blob.ListOptions{Prefix: prefix})
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		o, err := it.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("list %q: %w", prefix, err)
-		}
-		if o.IsDir {
-			continue
-		}
-		if err := fn(backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime}); err != nil {
-			return err
-		}
-	}
+	return d.list(ctx, &blob.ListOptions{Prefix: prefix}, fn)
 }
 
 // ListDelimited implements backend.Driver with the bucket's delimiter
 // listing (common prefixes arrive as directory entries).
 func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
-	it := d.bucket.List(&blob.ListOptions{Prefix: prefix, Delimiter: backend.Delimiter})
+	return d.list(ctx, &blob.ListOptions{Prefix: prefix, Delimiter: backend.Delimiter}, fn)
+}
+
+// list streams one bucket listing; directory entries only exist with a
+// delimiter and become common prefixes.
+func (d *Driver) list(ctx context.Context, opts *blob.ListOptions, fn func(backend.ObjectInfo) error) error {
+	it := d.bucket.List(opts)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -215,11 +202,14 @@ func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backe
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("list %q: %w", prefix, err)
+			return fmt.Errorf("list %q: %w", opts.Prefix, err)
 		}
-		e := backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime, IsPrefix: o.IsDir}
+		e := backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime}
 		if o.IsDir {
-			e.Size, e.ModTime = 0, time.Time{}
+			if opts.Delimiter == "" {
+				continue
+			}
+			e = backend.ObjectInfo{Key: o.Key, IsPrefix: true}
 		}
 		if err := fn(e); err != nil {
 			return err

@@ -148,6 +148,22 @@ func (s *State) Shard(world int) []*statedict.StateDict {
 	return sds
 }
 
+// Targets returns load targets with the keys and geometry of sds (one per
+// rank): zero-filled tensor buffers, bytes keys with nil values.
+func Targets(sds []*statedict.StateDict) []*statedict.StateDict {
+	targets := make([]*statedict.StateDict, len(sds))
+	for r, sd := range sds {
+		targets[r] = statedict.New()
+		for k, v := range sd.Tensors {
+			targets[r].Tensors[k] = &statedict.Shard{DType: v.DType, GlobalShape: v.GlobalShape, Offsets: v.Offsets, Sizes: v.Sizes, Data: make([]byte, len(v.Data))}
+		}
+		for k := range sd.Bytes {
+			targets[r].Bytes[k] = nil
+		}
+	}
+	return targets
+}
+
 // Keys lists every key, sorted.
 func (s *State) Keys() []string {
 	var ks []string

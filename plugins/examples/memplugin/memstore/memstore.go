@@ -168,6 +168,11 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(backend.ObjectI
 	}
 	s.mu.RUnlock()
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Key < infos[j].Key })
+	return deliver(ctx, infos, fn)
+}
+
+// deliver calls fn for each of a listing's snapshot entries.
+func deliver(ctx context.Context, infos []backend.ObjectInfo, fn func(backend.ObjectInfo) error) error {
 	for _, info := range infos {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -200,15 +205,7 @@ func (s *Store) ListDelimited(ctx context.Context, prefix string, fn func(backen
 		infos = append(infos, backend.ObjectInfo{Key: k, Size: int64(len(o.data)), ModTime: o.modTime})
 	}
 	s.mu.RUnlock()
-	for _, info := range infos {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := fn(info); err != nil {
-			return err
-		}
-	}
-	return nil
+	return deliver(ctx, infos, fn)
 }
 
 // Delete implements backend.Driver.
