@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 )
@@ -22,9 +23,9 @@ import (
 // StepPrefix is the prefix of a checkpoint directory under a run.
 const StepPrefix = "step-"
 
-// ErrNoCheckpoint is returned by Latest when no committed, valid checkpoint
+// ErrNoCommittedCheckpoint is returned by Latest when no committed, valid checkpoint
 // exists under the run.
-var ErrNoCheckpoint = errors.New("no committed checkpoint under this run")
+var ErrNoCommittedCheckpoint = ckpterr.New(ckpterr.NotFound, "no committed checkpoint under this run")
 
 // StepName is the checkpoint prefix name of step: "step-00000012".
 func StepName(step int64) string { return fmt.Sprintf("%s%08d", StepPrefix, step) }
@@ -215,7 +216,8 @@ type Found struct {
 // enumerated) and reads each candidate's metadata once, newest first; the
 // chosen one is returned open, ready to Load, so a resume reads its
 // metadata exactly once. With no valid checkpoint the error matches
-// ErrNoCheckpoint and the skipped list says why each one was refused.
+// ErrNoCommittedCheckpoint and the skipped list says why each one was
+// refused.
 func Latest(ctx context.Context, run *backend.Store, deep bool) (*Found, []Skipped, error) {
 	entries, err := steps(ctx, run)
 	if err != nil {
@@ -268,5 +270,5 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, deep, know
 		}
 		return &Found{Entry: e, Checkpoint: c, Report: rep}, skipped, nil
 	}
-	return nil, skipped, fmt.Errorf("%s: %w", run, ErrNoCheckpoint)
+	return nil, skipped, fmt.Errorf("%s: %w", run, ErrNoCommittedCheckpoint)
 }
