@@ -143,7 +143,7 @@ func Cases() []string {
 }
 
 func allCases() []testCase {
-	return append(expandStorage(storageCases), checkpointCases...)
+	return append(expandStorage(append(storageCases, delimiterCases...)), checkpointCases...)
 }
 
 // UnknownSkips returns the keys of h.Skip that name no case, sorted.

@@ -836,7 +836,7 @@ func caseListCancel(t T, s *storeEnv) {
 }
 
 // invalidKeys try to escape the store or are not clean keys.
-var invalidKeys = []string{"", "../x", "..", "a/../../x", "a/..", "/abs", "//abs", `\abs`, "a//b", "a/./b", "./a", ".", "a/", "a\x00b", "\x00"}
+var invalidKeys = []string{"", "../x", "..", "a/../../x", "a/..", "/abs", "//abs", `\abs`, "a//b", "a/./b", "./a", ".", "a/", "a\x00b", "\x00", "\xff", "a/\xc3", "bad-\xed\xa0\x80-surrogate", "\xc0\xaf"}
 
 // subCleans are the invalid keys Sub accepts as prefixes: surrounding
 // slashes are trimmed from a prefix, and "" is the store itself.

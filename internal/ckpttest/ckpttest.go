@@ -84,11 +84,12 @@ func NewState(seed uint64, rows int64) *State {
 	s.Tensors["model.scale"] = fill(statedict.NewTensor(statedict.Float32))
 	for _, p := range []string{"embed.weight", "layer_float32.weight"} {
 		w := s.Tensors["model."+p]
-		s.Tensors["optimizer.state."+p+".step"] = fill(statedict.NewTensor(statedict.Float32))
-		s.Tensors["optimizer.state."+p+".exp_avg"] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
-		s.Tensors["optimizer.state."+p+".exp_avg_sq"] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
+		opt := statedict.DefaultOptimizerPrefix
+		s.Tensors[statedict.StateKey(opt, p, statedict.SlotStep)] = fill(statedict.NewTensor(statedict.Float32))
+		s.Tensors[statedict.StateKey(opt, p, statedict.SlotExpAvg)] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
+		s.Tensors[statedict.StateKey(opt, p, statedict.SlotExpAvgSq)] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
 	}
-	s.Bytes["optimizer.param_groups.0.lr"] = []byte("0.001")
+	s.Bytes[statedict.ParamGroupKey(statedict.DefaultOptimizerPrefix, 0, "lr")] = []byte("0.001")
 	s.Bytes["scheduler.last_epoch"] = []byte(fmt.Sprint(seed))
 	return s
 }
@@ -113,6 +114,22 @@ func (s *State) Shard(world int) []*statedict.StateDict {
 		sds[0].Bytes[k] = b
 	}
 	return sds
+}
+
+// Targets returns load targets with the keys and geometry of sds (one per
+// rank): zero-filled tensor buffers, bytes keys with nil values.
+func Targets(sds []*statedict.StateDict) []*statedict.StateDict {
+	targets := make([]*statedict.StateDict, len(sds))
+	for r, sd := range sds {
+		targets[r] = statedict.New()
+		for k, v := range sd.Tensors {
+			targets[r].Tensors[k] = &statedict.Shard{DType: v.DType, GlobalShape: v.GlobalShape, Offsets: v.Offsets, Sizes: v.Sizes, Data: make([]byte, len(v.Data))}
+		}
+		for k := range sd.Bytes {
+			targets[r].Bytes[k] = nil
+		}
+	}
+	return targets
 }
 
 // Keys lists every key, sorted.
