@@ -62,13 +62,13 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.ModelPrefix == "" {
-		o.ModelPrefix = "model"
+		o.ModelPrefix = statedict.DefaultModelPrefix
 	}
 	if o.OptimizerPrefix == "" {
-		o.OptimizerPrefix = "optimizer"
+		o.OptimizerPrefix = statedict.DefaultOptimizerPrefix
 	}
 	if len(o.OptimizerSlots) == 0 {
-		o.OptimizerSlots = []string{"step", "exp_avg", "exp_avg_sq"}
+		o.OptimizerSlots = statedict.AdamWSlots()
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
@@ -95,9 +95,11 @@ type Report struct {
 	// OptimizerLoaded is false when the optimizer was not read
 	// (NoLoadOptimizer, or the checkpoint deliberately omitted it).
 	OptimizerLoaded bool
-	// LazyParams are the parameters (fqns) whose optimizer state was wholly
-	// absent (lazily initialised, resume rule 1); their target state was
-	// left untouched. LazyKeys counts the target keys concerned.
+	// LazyParams are the target's parameters (the fqns it asks optimizer
+	// state for) whose optimizer state was wholly absent (lazily
+	// initialised, resume rule 1); their target state was left untouched.
+	// Buffers never appear: a target asks no optimizer state for them.
+	// LazyKeys counts the target keys concerned.
 	LazyParams []string
 	LazyKeys   int
 	// SkippedOptimizerKeys counts optimizer keys not loaded (rule 6).
