@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -491,18 +492,17 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 
 	parts := make([]minio.CompletePart, nparts)
 	g, gctx := errgroup.WithContext(ctx)
-	pool := newBufPool(d.opts.Concurrency+1, partSize)
+	pool := bufpool.NewBounded(int(partSize), d.opts.Concurrency+1)
 	full := crc32.New(castagnoli)
 	var readErr error
 	for i := 0; i < nparts; i++ {
 		n := min(partSize, size-int64(i)*partSize)
-		buf, perr := pool.get(gctx)
+		buf, perr := pool.Get(gctx, int(n))
 		if perr != nil {
 			break // a part failed or ctx ended; g.Wait reports it
 		}
-		buf = buf[:n]
 		if rerr := readPart(r, buf); rerr != nil {
-			pool.put(buf)
+			pool.Put(buf)
 			readErr = fmt.Errorf("read part %d: %w", i+1, rerr)
 			break
 		}
@@ -517,9 +517,10 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 				// The HTTP transport may still hold buf after a failed
 				// request, so it is not reused; the cancelled group ends
 				// the upload anyway.
+				pool.Forget()
 				return fmt.Errorf("upload part %d: %w", partNum, perr)
 			}
-			pool.put(buf)
+			pool.Put(buf)
 			parts[partNum-1] = minio.CompletePart{PartNumber: partNum, ETag: p.ETag, ChecksumCRC32C: firstNonEmpty(p.ChecksumCRC32C, encodeCRC32C(sum))}
 			return nil
 		})
@@ -614,39 +615,6 @@ func (d *Driver) putPart(ctx context.Context, key, uploadID string, partNum int,
 	})
 	return p, err
 }
-
-// bufPool hands out at most n buffers of one size, allocated on demand.
-type bufPool struct {
-	free chan []byte
-	made chan struct{} // one token per buffer still allowed to be made
-	size int64
-}
-
-func newBufPool(n int, size int64) *bufPool {
-	p := &bufPool{free: make(chan []byte, n), made: make(chan struct{}, n), size: size}
-	for i := 0; i < n; i++ {
-		p.made <- struct{}{}
-	}
-	return p
-}
-
-func (p *bufPool) get(ctx context.Context) ([]byte, error) {
-	select {
-	case b := <-p.free:
-		return b[:cap(b)], nil
-	default:
-	}
-	select {
-	case b := <-p.free:
-		return b[:cap(b)], nil
-	case <-p.made:
-		return make([]byte, p.size), nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (p *bufPool) put(b []byte) { p.free <- b }
 
 // ErrorCode implements backend.Driver. It classifies by S3 error code and
 // HTTP status, by context errors and by network error types.
