@@ -51,18 +51,23 @@ func (b *Backoff) Wait(ctx context.Context) error {
 }
 
 // budget is what one Store call may still spend on retries: attempts left
-// and a deadline. It is shared by the call's own retry loop and by the
-// driver retrying a smaller unit (an upload part) inside it, so that the
-// two never multiply: one failing request is tried Attempts times in all.
+// and a deadline. The driver retrying a smaller unit inside the call (an
+// upload part) uses the same policy and deadline, and a unit that used up
+// its attempts spends the call's budget too, so that the two layers never
+// multiply: one failing request is tried Attempts times in all.
 type budget struct {
 	left     atomic.Int64
 	deadline time.Time // zero: none
 	policy   RetryPolicy
 }
 
-// take spends one retry; false when none is left or the deadline passed.
+// expired reports whether the call's time budget is over.
+func (b *budget) expired() bool { return !b.deadline.IsZero() && time.Now().After(b.deadline) }
+
+// take spends one retry of the call; false when none is left or the
+// deadline passed.
 func (b *budget) take() bool {
-	if !b.deadline.IsZero() && time.Now().After(b.deadline) {
+	if b.expired() {
 		return false
 	}
 	return b.left.Add(-1) >= 0
@@ -70,24 +75,32 @@ func (b *budget) take() bool {
 
 type budgetKey struct{}
 
-// RetryWithin runs f, one request that is a part of a Store call (an upload
+// RetryWithin runs f, one request that is a unit of a Store call (an upload
 // part of a multipart Put, say), and retries it on errors code classifies
-// as CodeTransient, drawing every retry from the retry budget of the Store
-// call that ctx belongs to: a driver that can retry a part cheaply does so
-// without multiplying the Store's own retries, and a part that keeps failing
-// fails the call with the budget spent, so the Store does not retry it
-// again. Without a Store call in ctx (a driver used directly) f runs once.
+// as CodeTransient under the Store's policy: up to RetryPolicy.Attempts
+// tries of this request, within the call's time budget. A request that
+// used up its tries also ends the call's retries, so the Store does not
+// start the call again: a request that keeps failing is sent Attempts
+// times in all, never Attempts times the Store's count. Units that fail
+// and then succeed cost the call nothing. Without a Store call in ctx (a
+// driver used directly) f runs once.
 func RetryWithin(ctx context.Context, code func(error) Code, f func() error) error {
 	b, _ := ctx.Value(budgetKey{}).(*budget)
-	var bo *Backoff
+	if b == nil {
+		return f()
+	}
+	left := max(b.policy.Attempts, 1) - 1
+	bo := Backoff{Base: b.policy.BaseDelay, Max: b.policy.MaxDelay}
 	for {
 		err := f()
-		if err == nil || b == nil || code(err) != CodeTransient || ctx.Err() != nil || !b.take() {
+		if err == nil || code(err) != CodeTransient || ctx.Err() != nil {
 			return err
 		}
-		if bo == nil {
-			bo = &Backoff{Base: b.policy.BaseDelay, Max: b.policy.MaxDelay}
+		if left == 0 || b.expired() {
+			b.left.Store(0) // tried Attempts times: the Store must not retry it again
+			return err
 		}
+		left--
 		if werr := bo.Wait(ctx); werr != nil {
 			return fmt.Errorf("%w (while retrying: %w)", werr, err)
 		}

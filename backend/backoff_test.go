@@ -90,3 +90,44 @@ type zeroes struct{}
 
 func (zeroes) ReadAt(p []byte, _ int64) (int, error) { clear(p); return len(p), nil }
 func (zeroes) Read(p []byte) (int, error)            { clear(p); return len(p), nil }
+
+// flakyParts is a driver whose Put sends n parts, each failing
+// transiently once before it succeeds.
+type flakyParts struct {
+	backend.Driver
+	n        int
+	requests atomic.Int32
+}
+
+func (p *flakyParts) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return err
+	}
+	for range p.n {
+		failed := false
+		err := backend.RetryWithin(ctx, func(error) backend.Code { return backend.CodeTransient }, func() error {
+			p.requests.Add(1)
+			if !failed {
+				failed = true
+				return errFlaky
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Every part has the policy's attempts of its own: ten parts that each
+// fail once succeed with Attempts 2 (one shared pool of retries would
+// have failed the upload at the second part).
+func TestRetryWithinAttemptsArePerRequest(t *testing.T) {
+	d := &flakyParts{Driver: mem.New(), n: 10}
+	st, err := backend.NewStore(d, "mem://parts", "")
+	require.NoError(t, err)
+	st = st.WithRetry(backend.RetryPolicy{Attempts: 2, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
+	require.NoError(t, st.Put(context.Background(), "k", 10, io.LimitReader(zeroes{}, 10), backend.PutOptions{}))
+	assert.Equal(t, int32(20), d.requests.Load())
+}

@@ -14,15 +14,16 @@ import (
 
 // RetryPolicy says how a Store retries transient failures. The Store is the
 // one owner of retries: drivers configure their SDKs for a single attempt
-// (minio-go MaxRetries 1, the GCS client's RetryNever), and a driver that
-// retries a smaller unit (an S3 upload part) does so with RetryWithin,
-// which draws from the same budget. So a request that keeps failing is
-// tried Attempts times in all, never Attempts times the SDK's count. Only
+// (minio-go MaxRetries 1, a never-retry predicate on the GCS client), and
+// a driver that retries a smaller unit (an S3 upload part) does so with
+// RetryWithin, under this policy, and a unit that used up its attempts
+// ends the call's retries. So a request that keeps failing is tried
+// Attempts times in all, never Attempts times the SDK's count. Only
 // calls whose body can be replayed (reads, stats, lists before their first
 // entry, and writes whose source is an io.Seeker) are retried.
 type RetryPolicy struct {
-	// Attempts is the total number of tries of one call, retries of its
-	// parts included (1 disables retries).
+	// Attempts is the total number of tries of one request: of a call,
+	// or of one part of it that a driver retries (1 disables retries).
 	Attempts int
 	// BaseDelay is the first backoff; it doubles per retry, with jitter
 	// (see Backoff).
