@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,7 +55,8 @@ func bigCheckpoint(t *testing.T, ranks, mib int) string {
 
 // An interrupted `ckpt copy` to S3 aborts its multipart uploads, removes
 // what it copied, says how far it got and exits 130 (SIGINT) or 143
-// (SIGTERM): the real binary, signalled mid-upload.
+// (SIGTERM): the real binary, signalled mid-upload. A second signal exits
+// at once.
 func TestInterruptedCopyLeavesNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and copies 256 MiB")
@@ -120,6 +123,72 @@ func TestInterruptedCopyLeavesNothing(t *testing.T) {
 			t.Logf("%s: %s", tc.name, msg)
 		})
 	}
+	t.Run("second SIGINT", func(t *testing.T) { secondSignalExitsAtOnce(t, bin, src, base) })
+}
+
+// secondSignalExitsAtOnce: a second signal exits at once, with the same
+// code, saying so.
+func secondSignalExitsAtOnce(t *testing.T, bin, src, base string) {
+	dstURL := withPath(base, "copy-twice") + "&part_size=5MiB&multipart_threshold=5MiB&concurrency=2"
+	dst, err := backend.Open(context.Background(), dstURL)
+	require.NoError(t, err)
+	defer dst.Close()
+	drv := dst.Driver().(*s3.Driver)
+	t.Cleanup(func() { // the second signal may leave an upload behind
+		ctx := context.Background()
+		for u := range drv.Client().ListIncompleteUploads(ctx, drv.Bucket(), dst.Prefix(), true) {
+			_ = drv.Client().RemoveIncompleteUpload(ctx, drv.Bucket(), u.Key)
+		}
+		_ = dst.List(ctx, "", func(o backend.ObjectInfo) error { return dst.Delete(ctx, o.Key) })
+	})
+
+	var stderr lockedBuffer
+	cmd := exec.Command(bin, "copy", "--parallel", "2", src, dstURL)
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for len(incompleteUploads(t, drv, dst.Prefix())) == 0 {
+		require.True(t, time.Now().Before(deadline), "no multipart upload started")
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	// The second signal once the first is being handled (two pending
+	// signals of one kind are delivered as one).
+	for !strings.Contains(stderr.String(), "stopping") {
+		require.True(t, time.Now().Before(deadline), "the first signal was not acknowledged")
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	select {
+	case err = <-exited:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("no exit after two signals\n%s", stderr.String())
+	}
+	var ee *exec.ExitError
+	require.True(t, errors.As(err, &ee), "exit: %v\n%s", err, stderr.String())
+	assert.Equal(t, 130, ee.ExitCode(), stderr.String())
+	assert.Contains(t, stderr.String(), "second SIGINT: exiting at once")
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // incompleteUploads lists the multipart uploads in progress under prefix.
