@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/s3"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -78,24 +76,7 @@ func TestInterruptedCopyLeavesNothing(t *testing.T) {
 			drv := dst.Driver().(*s3.Driver)
 			prefix := dst.Prefix()
 
-			var stderr bytes.Buffer
-			cmd := exec.Command(bin, "copy", "--parallel", "2", src, dstURL)
-			cmd.Stderr = &stderr
-			require.NoError(t, cmd.Start())
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-
-			// Signal once a multipart upload is under way.
-			deadline := time.Now().Add(60 * time.Second)
-			for len(incompleteUploads(t, drv, prefix)) == 0 {
-				select {
-				case err := <-exited:
-					t.Fatalf("copy ended before any multipart upload was seen: %v\n%s", err, stderr.String())
-				default:
-				}
-				require.True(t, time.Now().Before(deadline), "no multipart upload started")
-				time.Sleep(10 * time.Millisecond)
-			}
+			cmd, stderr, exited := copyMidUpload(t, bin, src, dstURL, drv, prefix)
 			require.NoError(t, cmd.Process.Signal(tc.sig))
 			var err2 error
 			select {
@@ -142,21 +123,12 @@ func secondSignalExitsAtOnce(t *testing.T, bin, src, base string) {
 		_ = dst.List(ctx, "", func(o backend.ObjectInfo) error { return dst.Delete(ctx, o.Key) })
 	})
 
-	var stderr lockedBuffer
-	cmd := exec.Command(bin, "copy", "--parallel", "2", src, dstURL)
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(60 * time.Second)
-	for len(incompleteUploads(t, drv, dst.Prefix())) == 0 {
-		require.True(t, time.Now().Before(deadline), "no multipart upload started")
-		time.Sleep(10 * time.Millisecond)
-	}
+	cmd, stderr, exited := copyMidUpload(t, bin, src, dstURL, drv, dst.Prefix())
+	deadline := time.Now().Add(30 * time.Second)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	// The second signal once the first is being handled (two pending
 	// signals of one kind are delivered as one).
-	for !strings.Contains(stderr.String(), "stopping") {
+	for !stderr.Contains("stopping") {
 		require.True(t, time.Now().Before(deadline), "the first signal was not acknowledged")
 		time.Sleep(time.Millisecond)
 	}
@@ -173,22 +145,28 @@ func secondSignalExitsAtOnce(t *testing.T, bin, src, base string) {
 	assert.Contains(t, stderr.String(), "second SIGINT: exiting at once")
 }
 
-// lockedBuffer is a bytes.Buffer a process writes while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// copyMidUpload starts `ckpt copy src dst` and returns once a multipart
+// upload of it is listed under prefix, with the process, its stderr and a
+// channel that receives its Wait result.
+func copyMidUpload(t *testing.T, bin, src, dstURL string, drv *s3.Driver, prefix string) (*exec.Cmd, *ckpttest.SyncBuffer, chan error) {
+	t.Helper()
+	stderr := &ckpttest.SyncBuffer{}
+	cmd := exec.Command(bin, "copy", "--parallel", "2", src, dstURL)
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for len(incompleteUploads(t, drv, prefix)) == 0 {
+		select {
+		case err := <-exited:
+			t.Fatalf("copy ended before any multipart upload was seen: %v\n%s", err, stderr.String())
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "no multipart upload started")
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cmd, stderr, exited
 }
 
 // incompleteUploads lists the multipart uploads in progress under prefix.
