@@ -10,6 +10,7 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // RetryPolicy says how a Store retries transient failures. Only calls whose
@@ -496,13 +497,16 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 }
 
 // ValidateKey checks that key is a clean relative slash-separated key: not
-// empty, not absolute, no NUL, no empty, "." or ".." segments.
+// empty, valid UTF-8, not absolute, no NUL, no empty, "." or ".." segments.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("empty key: %w", ErrInvalidKey)
 	}
 	if strings.ContainsRune(key, 0) {
 		return fmt.Errorf("key %q holds a NUL byte: %w", key, ErrInvalidKey)
+	}
+	if !utf8.ValidString(key) {
+		return fmt.Errorf("key %q is not valid UTF-8: %w", key, ErrInvalidKey)
 	}
 	if strings.HasPrefix(key, "/") || strings.HasPrefix(key, `\`) {
 		return fmt.Errorf("key %q is absolute: %w", key, ErrInvalidKey)
