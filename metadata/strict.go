@@ -376,16 +376,14 @@ func (s *strictScan) object(sc *schema, depth int) error {
 		if err != nil {
 			return err
 		}
-		s.ws()
-		if s.pos < len(s.data) && s.data[s.pos] == ',' {
-			s.pos++
-			continue
-		}
-		if err := s.expect('}'); err != nil {
+		more, err := s.next('}')
+		if err != nil {
 			return err
 		}
-		s.path = s.path[:len(s.path)-1]
-		return s.missing(sc, seen)
+		if !more {
+			s.path = s.path[:len(s.path)-1]
+			return s.missing(sc, seen)
+		}
 	}
 }
 
@@ -404,12 +402,44 @@ func (s *strictScan) missing(sc *schema, seen uint64) error {
 
 // known scans the value of member m.
 func (s *strictScan) known(m *member, depth int) error {
+	if m.kind != kindArray {
+		return s.value(m.kind, m.obj, depth)
+	}
+	s.ws()
+	if bytes.HasPrefix(s.data[s.pos:], []byte("null")) {
+		s.pos += 4 // null is an empty array (FORMAT.md)
+		return nil
+	}
+	if s.pos >= len(s.data) || s.data[s.pos] != '[' {
+		return s.errorf("want an array, found %s", s.token())
+	}
+	s.pos++
+	s.ws()
+	if s.pos < len(s.data) && s.data[s.pos] == ']' {
+		s.pos++
+		return nil
+	}
+	s.path = append(s.path, pathElem{})
+	for idx := 0; ; idx++ {
+		s.path[len(s.path)-1].index = idx
+		if err := s.value(m.elem, m.obj, depth); err != nil {
+			return err
+		}
+		if more, err := s.next(']'); err != nil || !more {
+			s.path = s.path[:len(s.path)-1]
+			return err
+		}
+	}
+}
+
+// value scans a string, an integer or an object of schema obj.
+func (s *strictScan) value(k valueKind, obj *schema, depth int) error {
 	s.ws()
 	if s.pos >= len(s.data) {
 		return s.errorf("unexpected end of the metadata")
 	}
 	c := s.data[s.pos]
-	switch m.kind {
+	switch k {
 	case kindString:
 		if c != '"' {
 			return s.errorf("want a string, found %s", s.token())
@@ -426,62 +456,20 @@ func (s *strictScan) known(m *member, depth int) error {
 		if c != '{' {
 			return s.errorf("want an object, found %s", s.token())
 		}
-		return s.object(m.obj, depth+1)
+		return s.object(obj, depth+1)
 	}
-	// kindArray
-	if c == 'n' && bytes.HasPrefix(s.data[s.pos:], []byte("null")) {
-		s.pos += 4 // null is an empty array (FORMAT.md)
-		return nil
-	}
-	if c != '[' {
-		return s.errorf("want an array, found %s", s.token())
-	}
-	s.pos++
+	return s.errorf("nested arrays are not in the schema")
+}
+
+// next consumes the separator after a member or element: it reports true
+// after a comma, false after the closing byte, and an error otherwise.
+func (s *strictScan) next(closing byte) (bool, error) {
 	s.ws()
-	if s.pos < len(s.data) && s.data[s.pos] == ']' {
+	if s.pos < len(s.data) && s.data[s.pos] == ',' {
 		s.pos++
-		return nil
+		return true, nil
 	}
-	s.path = append(s.path, pathElem{})
-	for idx := 0; ; idx++ {
-		s.path[len(s.path)-1].index = idx
-		s.ws()
-		if s.pos >= len(s.data) {
-			return s.errorf("unexpected end of the metadata")
-		}
-		c := s.data[s.pos]
-		switch m.elem {
-		case kindString:
-			if c != '"' {
-				return s.errorf("want a string, found %s", s.token())
-			}
-			if _, _, err := s.str(); err != nil {
-				return err
-			}
-		case kindNumber:
-			if c != '-' && (c < '0' || c > '9') {
-				return s.errorf("want an integer, found %s", s.token())
-			}
-			s.number()
-		case kindObject:
-			if c != '{' {
-				return s.errorf("want an object, found %s", s.token())
-			}
-			if err := s.object(m.obj, depth+1); err != nil {
-				return err
-			}
-		}
-		s.ws()
-		if s.pos < len(s.data) && s.data[s.pos] == ',' {
-			s.pos++
-			continue
-		}
-		if err := s.expect(']'); err != nil {
-			return err
-		}
-		s.path = s.path[:len(s.path)-1]
-		return nil
-	}
+	return false, s.expect(closing)
 }
 
 // number consumes the bytes of a number; the JSON library checks its
@@ -532,12 +520,9 @@ func (s *strictScan) any(depth int) error {
 			if err := s.any(depth + 1); err != nil {
 				return err
 			}
-			s.ws()
-			if s.pos < len(s.data) && s.data[s.pos] == ',' {
-				s.pos++
-				continue
+			if more, err := s.next(']'); err != nil || !more {
+				return err
 			}
-			return s.expect(']')
 		}
 	case c == '"':
 		_, _, err := s.str()
