@@ -446,13 +446,34 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 	if err != nil {
 		return &Error{Op: "list", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
 	}
+	return s.list(ctx, "list", prefix, p, s.drv.List, fn)
+}
+
+// ListDelimited lists one level under prefix ("" or ending in "/",
+// relative to the store): every object directly under it, and every
+// deeper level once as an ObjectInfo with IsPrefix set and Key ending in
+// "/" (see Driver.ListDelimited), without enumerating the objects below
+// those levels. Entries come in no guaranteed order.
+func (s *Store) ListDelimited(ctx context.Context, prefix string, fn func(ObjectInfo) error) error {
+	p, err := cleanListPrefix(prefix)
+	if err == nil && p != "" && !strings.HasSuffix(p, Delimiter) {
+		err = fmt.Errorf("delimited listing prefix %q must be empty or end in %q: %w", prefix, Delimiter, ErrInvalidKey)
+	}
+	if err != nil {
+		return &Error{Op: "list", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
+	}
+	return s.list(ctx, "list", prefix, p, s.drv.ListDelimited, fn)
+}
+
+// list runs one driver listing of s.prefix+p with the Store's retry rule.
+func (s *Store) list(ctx context.Context, op, prefix, p string, drvList func(context.Context, string, func(ObjectInfo) error) error, fn func(ObjectInfo) error) error {
 	// A listing is retried only while nothing has been delivered: after
 	// that a failure is returned, never a silently shortened listing.
 	started := false
 	var fnErr error
 	errStarted := errors.New("listing failed after entries were delivered")
-	err = s.retryLoop(ctx, func() error {
-		e := s.drv.List(ctx, s.prefix+p, func(o ObjectInfo) error {
+	err := s.retryLoop(ctx, func() error {
+		e := drvList(ctx, s.prefix+p, func(o ObjectInfo) error {
 			started = true
 			o.Key = strings.TrimPrefix(o.Key, s.prefix)
 			if err := ctx.Err(); err != nil {
@@ -466,14 +487,14 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 		})
 		switch {
 		case fnErr != nil:
-			return &Error{Op: "list", URL: s.URL(prefix), Code: CodeUnknown, Err: fnErr}
+			return &Error{Op: op, URL: s.URL(prefix), Code: CodeUnknown, Err: fnErr}
 		case e != nil && started:
-			if w := s.wrap("list", prefix, e); !IsTransient(w) {
+			if w := s.wrap(op, prefix, e); !IsTransient(w) {
 				return w
 			}
-			return &Error{Op: "list", URL: s.URL(prefix), Code: CodeUnknown, Err: fmt.Errorf("%w: %w", errStarted, e)}
+			return &Error{Op: op, URL: s.URL(prefix), Code: CodeUnknown, Err: fmt.Errorf("%w: %w", errStarted, e)}
 		}
-		return s.wrap("list", prefix, e)
+		return s.wrap(op, prefix, e)
 	})
 	if fnErr != nil {
 		return fnErr
@@ -496,17 +517,18 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	})
 }
 
-// ValidateKey checks that key is a clean relative slash-separated key: not
-// empty, valid UTF-8, not absolute, no NUL, no empty, "." or ".." segments.
+// ValidateKey checks that key is a clean relative slash-separated key:
+// valid UTF-8 (object stores and file systems name objects by Unicode
+// text), not empty, not absolute, no NUL, no empty, "." or ".." segments.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("empty key: %w", ErrInvalidKey)
 	}
-	if strings.ContainsRune(key, 0) {
-		return fmt.Errorf("key %q holds a NUL byte: %w", key, ErrInvalidKey)
-	}
 	if !utf8.ValidString(key) {
 		return fmt.Errorf("key %q is not valid UTF-8: %w", key, ErrInvalidKey)
+	}
+	if strings.ContainsRune(key, 0) {
+		return fmt.Errorf("key %q holds a NUL byte: %w", key, ErrInvalidKey)
 	}
 	if strings.HasPrefix(key, "/") || strings.HasPrefix(key, `\`) {
 		return fmt.Errorf("key %q is absolute: %w", key, ErrInvalidKey)

@@ -63,13 +63,13 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.ModelPrefix == "" {
-		o.ModelPrefix = "model"
+		o.ModelPrefix = statedict.DefaultModelPrefix
 	}
 	if o.OptimizerPrefix == "" {
-		o.OptimizerPrefix = "optimizer"
+		o.OptimizerPrefix = statedict.DefaultOptimizerPrefix
 	}
 	if len(o.OptimizerSlots) == 0 {
-		o.OptimizerSlots = []string{"step", "exp_avg", "exp_avg_sq"}
+		o.OptimizerSlots = statedict.AdamWSlots()
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
@@ -96,9 +96,11 @@ type Report struct {
 	// OptimizerLoaded is false when the optimizer was not read
 	// (NoLoadOptimizer, or the checkpoint deliberately omitted it).
 	OptimizerLoaded bool
-	// LazyParams are the parameters (fqns) whose optimizer state was wholly
-	// absent (lazily initialised, resume rule 1); their target state was
-	// left untouched. LazyKeys counts the target keys concerned.
+	// LazyParams are the target's parameters (the fqns it asks optimizer
+	// state for) whose optimizer state was wholly absent (lazily
+	// initialised, resume rule 1); their target state was left untouched.
+	// Buffers never appear: a target asks no optimizer state for them.
+	// LazyKeys counts the target keys concerned.
 	LazyParams []string
 	LazyKeys   int
 	// SkippedOptimizerKeys counts optimizer keys not loaded (rule 6).
@@ -254,7 +256,7 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 		op := &plan.Ops[i]
 		g.Go(func() error {
 			buf := make([]byte, op.Length)
-			if err := c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
 			chunks := make([][]byte, len(op.Chunks))
@@ -373,7 +375,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 				if dst, ok := ex.directTarget(op); ok {
 					// Read straight into the target and check it there: one
 					// copy, as a plain file read makes.
-					if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, dst); err != nil {
+					if err := ex.c.readRange(gctx, op.Object, op.Offset, dst); err != nil {
 						return err
 					}
 					_, err := ex.c.verifyChunk(op, &op.Chunks[0], dst)
@@ -382,7 +384,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 			}
 			buf := pool.get(op.Length)
 			defer pool.put(buf)
-			if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+			if err := ex.c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
 			chunks := make([][]byte, len(op.Chunks))

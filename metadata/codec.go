@@ -15,16 +15,17 @@ import (
 	gojson "github.com/goccy/go-json"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // ErrNewerFormat is returned when a checkpoint was written in a newer major
 // format version than this reader understands.
-var ErrNewerFormat = errors.New("checkpoint format is newer than this reader")
+var ErrNewerFormat = ckpterr.New(ckpterr.Unsupported, "checkpoint format is newer than this reader")
 
-// ErrInvalid is returned for metadata that does not decode or is
-// structurally inconsistent.
-var ErrInvalid = errors.New("invalid checkpoint metadata")
+// ErrInvalid is returned for metadata that does not decode, breaks a rule
+// of docs/FORMAT.md or is structurally inconsistent.
+var ErrInvalid = ckpterr.New(ckpterr.BadCheckpoint, "invalid checkpoint metadata")
 
 // VersionString is the version this package writes.
 func VersionString() string { return fmt.Sprintf("%d.%d", MajorVersion, MinorVersion) }
@@ -351,6 +352,14 @@ func (c *Checkpoint) Validate() error {
 		}
 		if err := inObject(where, b.Object, b.Offset, b.Length); err != nil {
 			return err
+		}
+	}
+	for i, p := range c.Training.Params {
+		if p == "" || !utf8.ValidString(p) {
+			return bad("$.training.params[%d] %q is empty or not valid UTF-8", i, p)
+		}
+		if i > 0 && c.Training.Params[i-1] >= p {
+			return bad("$.training.params[%d]: params not sorted or duplicated at %q", i, p)
 		}
 	}
 	switch c.Training.Optimizer {

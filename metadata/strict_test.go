@@ -107,6 +107,9 @@ func TestDecodeRefusesHostileMetadata(t *testing.T) {
 		{"negative crc32c", []string{`"crc32c":7`, `"crc32c":-7`}, `crc32c`},
 		{"fractional length", []string{`"length":16,"crc32c":7`, `"length":16.0,"crc32c":7`}, `length`},
 		{"exponent length", []string{`"length":16,"crc32c":7`, `"length":1.6e1,"crc32c":7`}, `length`},
+		{"unsorted params", []string{`"optimizer_state_entries":0`, `"optimizer_state_entries":0,"params":["w","b"]`}, `$.training.params[1]: params not sorted or duplicated at "b"`},
+		{"duplicate params", []string{`"optimizer_state_entries":0`, `"optimizer_state_entries":0,"params":["b","b"]`}, `params not sorted or duplicated`},
+		{"empty param name", []string{`"optimizer_state_entries":0`, `"optimizer_state_entries":0,"params":[""]`}, `$.training.params[0] "" is empty`},
 		// Order.
 		{"tensors out of bytewise order", []string{`"key":"model.w"`, `"key":"model.B"`}, `$.tensors[1].key: tensors not sorted or duplicated at "model.B"`},
 		{"trailing data", []string{training + `}`, training + `}{}`}, `trailing data`},

@@ -207,7 +207,17 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 
 // List implements backend.Driver; GCS lists in lexicographic byte order.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
-	q := &storage.Query{Prefix: prefix}
+	return d.list(ctx, &storage.Query{Prefix: prefix}, fn)
+}
+
+// ListDelimited implements backend.Driver with a Delimiter query: GCS
+// returns each common prefix as an entry with only Prefix set.
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, &storage.Query{Prefix: prefix, Delimiter: backend.Delimiter}, fn)
+}
+
+func (d *Driver) list(ctx context.Context, q *storage.Query, fn func(backend.ObjectInfo) error) error {
+	prefix := q.Prefix
 	if err := q.SetAttrSelection([]string{"Name", "Size", "Updated"}); err != nil {
 		return fmt.Errorf("gcs: list %s: %w", prefix, err)
 	}
@@ -220,7 +230,11 @@ func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.Object
 		if err != nil {
 			return fmt.Errorf("gcs: list %s: %w", prefix, err)
 		}
-		if err := fn(backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}); err != nil {
+		o := backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}
+		if a.Name == "" && a.Prefix != "" {
+			o = backend.ObjectInfo{Key: a.Prefix, IsPrefix: true}
+		}
+		if err := fn(o); err != nil {
 			return err
 		}
 	}

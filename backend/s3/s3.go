@@ -379,8 +379,15 @@ func encodeCRC32C(v uint32) string {
 // List implements backend.Driver. S3 lists keys in ascending UTF-8 byte
 // order, which is the order the Driver contract asks for.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, prefix, true, fn)
+}
+
+// list runs one ListObjectsV2 listing; without recursive, S3 groups keys
+// by "/" and minio reports each common prefix as an entry whose key ends
+// in "/" (no object key does: the Store refuses empty segments).
+func (d *Driver) list(ctx context.Context, prefix string, recursive bool, fn func(backend.ObjectInfo) error) error {
 	lctx, cancel := context.WithCancel(ctx)
-	ch := d.client.ListObjects(lctx, d.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true})
+	ch := d.client.ListObjects(lctx, d.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: recursive})
 	defer func() {
 		cancel()
 		// Drain so the lister goroutine ends.
@@ -391,11 +398,21 @@ func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.Object
 		if obj.Err != nil {
 			return fmt.Errorf("s3: list %s: %w", prefix, obj.Err)
 		}
-		if err := fn(backend.ObjectInfo{Key: obj.Key, Size: obj.Size, ModTime: obj.LastModified}); err != nil {
+		o := backend.ObjectInfo{Key: obj.Key, Size: obj.Size, ModTime: obj.LastModified}
+		if !recursive && strings.HasSuffix(obj.Key, backend.Delimiter) {
+			o = backend.ObjectInfo{Key: obj.Key, IsPrefix: true}
+		}
+		if err := fn(o); err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
+}
+
+// ListDelimited implements backend.Driver with a delimiter ("/") listing:
+// S3 returns the common prefixes in place of the objects below them.
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, prefix, false, fn)
 }
 
 // Delete implements backend.Driver; S3 deletes of missing keys succeed.

@@ -72,7 +72,7 @@ any mix of interruption and resume.`,
 
 func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.steps < 0 || f.saveEvery < 0 || f.ranks < 1 {
-		return fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1")
+		return usage(fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1"))
 	}
 	run, err := backend.Open(ctx, f.url)
 	if err != nil {
@@ -88,12 +88,14 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res := trainResult{Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
-		entry, skipped, err := catalog.Latest(ctx, run, false)
+		// Latest opens the newest valid checkpoint and reads its metadata
+		// once; the load below reads through that same opened checkpoint.
+		found, skipped, err := catalog.Latest(ctx, run, false)
 		for _, s := range skipped {
 			logf("skipping %s: %s", s.Entry.URL, s.Reason)
 		}
 		switch {
-		case errors.Is(err, catalog.ErrNoCheckpoint):
+		case errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 			for _, s := range skipped {
 				if s.Entry.Committed {
 					// Committed checkpoints exist but none is valid: starting
@@ -105,24 +107,21 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		case err != nil:
 			return err
 		default:
-			st, err := run.Sub(entry.Name)
-			if err != nil {
-				return err
-			}
+			c := found.Checkpoint
 			withOptim := !f.noLoadOptim
 			targets := tr.LoadTargets(f.ranks, withOptim)
-			rep, err := loader.Load(ctx, st, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
+			rep, err := c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
 			if err != nil {
 				return bad(fmt.Errorf("resume: %w", err))
 			}
 			if err := tr.Restore(targets, rep.Iteration, rep.LazyParams, rep.OptimizerLoaded); err != nil {
-				return bad(fmt.Errorf("resume from %s: %w", st, err))
+				return bad(fmt.Errorf("resume from %s: %w", c.URL(), err))
 			}
 			step := rep.Iteration
-			res.ResumedFrom, res.ResumedURL = &step, st.String()
+			res.ResumedFrom, res.ResumedURL = &step, c.URL()
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
-			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", st, step, rep.LazyKeys)
+			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
 		}
 	}
 
@@ -138,6 +137,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			}
 			sr, err := saver.SaveLocal(ctx, st, tr.StateDicts(f.ranks, !f.noSaveOptim), saver.Options{
 				Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true,
+				Params: tr.Trainable(),
 			})
 			if err != nil {
 				return err
