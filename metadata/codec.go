@@ -37,7 +37,8 @@ func (c *Checkpoint) Sort() {
 	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
 }
 
-// Encode validates c, puts it in canonical order and returns its JSON.
+// Encode validates c (as Decode will: world_size >= 1 included), puts it in
+// canonical order, writes [] for nil slices and returns its JSON.
 func Encode(c *Checkpoint) ([]byte, error) {
 	if c.Format == "" {
 		c.Format = FormatName
@@ -49,6 +50,9 @@ func Encode(c *Checkpoint) ([]byte, error) {
 	c.emptyArrays()
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if c.WorldSize < 1 {
+		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
 	}
 	var buf bytes.Buffer
 	enc := gojson.NewEncoder(&buf)

@@ -154,6 +154,16 @@ func TestDecodeAcceptsWhatFormatAllows(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// Encode refuses what Decode would refuse: it never writes a document no
+// reader accepts.
+func TestEncodeRefusesWorldSizeZero(t *testing.T) {
+	c := sample()
+	c.WorldSize = 0
+	_, err := metadata.Encode(c)
+	require.ErrorIs(t, err, metadata.ErrInvalid)
+	require.Contains(t, err.Error(), "$.world_size is 0")
+}
+
 // Encode never writes null for an array, whatever nil slices it is given.
 func TestEncodeWritesEmptyArrays(t *testing.T) {
 	c := &metadata.Checkpoint{WorldSize: 1, Training: metadata.TrainingState{Optimizer: metadata.OptimizerNone},
