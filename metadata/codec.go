@@ -105,6 +105,9 @@ func Decode(data []byte) (*Checkpoint, error) {
 	if len(data) > MaxSize {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrInvalid, len(data), MaxSize)
 	}
+	if bytes.HasPrefix(data, []byte("\ufeff")) {
+		return nil, fmt.Errorf("%w: the metadata starts with a byte order mark", ErrInvalid)
+	}
 	format, version, err := readHead(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)

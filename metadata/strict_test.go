@@ -110,6 +110,8 @@ func TestDecodeRefusesHostileMetadata(t *testing.T) {
 		{"unsorted params", []string{`"optimizer_state_entries":0`, `"optimizer_state_entries":0,"params":["w","b"]`}, `$.training.params[1]: params not sorted or duplicated at "b"`},
 		{"duplicate params", []string{`"optimizer_state_entries":0`, `"optimizer_state_entries":0,"params":["b","b"]`}, `params not sorted or duplicated`},
 		{"empty param name", []string{`"optimizer_state_entries":0`, `"optimizer_state_entries":0,"params":[""]`}, `$.training.params[0] "" is empty`},
+		{"integer with a leading zero", []string{`"length":16,"crc32c":7`, `"length":016,"crc32c":7`}, `invalid`},
+		{"byte order mark", []string{`{"format"`, "\ufeff{\"format\""}, `starts with a byte order mark`},
 		// Order.
 		{"tensors out of bytewise order", []string{`"key":"model.w"`, `"key":"model.B"`}, `$.tensors[1].key: tensors not sorted or duplicated at "model.B"`},
 		{"trailing data", []string{training + `}`, training + `}{}`}, `trailing data`},
