@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
@@ -130,14 +131,6 @@ const (
 	// ModeDirect: one pass, each read verified then copied (Options.Direct).
 	ModeDirect = "direct"
 )
-
-// Examples returns up to five of keys.
-func Examples(keys []string) []string {
-	if len(keys) > maxListed {
-		return keys[:maxListed]
-	}
-	return keys
-}
 
 // Summary is the one line logged for the load.
 func (r *Report) Summary() string {
@@ -303,6 +296,9 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 		if got := crc32.Checksum(stored, castagnoli); got != crc {
 			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
 		}
+		if err := checkBool(dtype, stored, where); err != nil {
+			return nil, err
+		}
 		return stored, nil
 	}
 	dec, err := metadata.Decoder(enc)
@@ -322,7 +318,27 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 			return nil, fmt.Errorf("decode %s: %d bytes, want %d for %s%v", where, len(raw), want, dtype, sizes)
 		}
 	}
+	if err := checkBool(dtype, raw, where); err != nil {
+		return nil, err
+	}
 	return raw, nil
+}
+
+// ErrInvalidBool: a bool tensor's bytes hold a value other than 0x00 or
+// 0x01, the only two docs/FORMAT.md allows.
+var ErrInvalidBool = ckpterr.New(ckpterr.BadCheckpoint, "bool tensor holds a byte other than 0 or 1")
+
+// checkBool refuses raw bytes of a bool tensor chunk that are not 0 or 1.
+func checkBool(dtype string, raw []byte, where string) error {
+	if dtype != string(statedict.Bool) {
+		return nil
+	}
+	for i, b := range raw {
+		if b > 1 {
+			return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where, i, b)
+		}
+	}
+	return nil
 }
 
 // executor copies verified chunks of a plan into the targets.
