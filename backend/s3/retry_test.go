@@ -108,3 +108,22 @@ func randomBytes(n int) []byte {
 	_, _ = r.Read(b)
 	return b
 }
+
+// Regression (found by TestInterruptedCopyLeavesNothing under load): a
+// cancellation that arrived after the server created a multipart upload but
+// before its reply left an upload nobody knew the ID of, so nobody aborted
+// it. The upload is now started on a context the caller cannot cancel.
+func TestCancelWhileStartingAnUploadLeavesNone(t *testing.T) {
+	st, p := proxiedStore(t, "part_size", "5MiB", "multipart_threshold", "5MiB")
+	seen := make(chan struct{}, 1)
+	p.Add(&faultproxy.Rule{Match: isCreateUpload, Fail: func(int) bool { return false }, Delay: 300 * time.Millisecond, Seen: seen})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-seen; cancel() }()
+	err := st.PutBytes(ctx, "big", randomBytes(12<<20), backend.PutOptions{})
+	require.ErrorIs(t, err, context.Canceled)
+	p.Clear()
+	noIncompleteUploads(t, st)
+	ok, err := st.Exists(context.Background(), "big")
+	require.NoError(t, err)
+	assert.False(t, ok)
+}

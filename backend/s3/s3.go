@@ -478,7 +478,13 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 		ContentType:  opts.ContentType,
 		UserMetadata: map[string]string{"X-Amz-Checksum-Algorithm": "CRC32C", "X-Amz-Checksum-Type": "FULL_OBJECT"},
 	}
-	uploadID, err := d.core.NewMultipartUpload(ctx, d.bucket, key, initOpts)
+	// The upload is started on a context the caller cannot cancel midway
+	// (bounded by abortTimeout): cancelled after the server created the
+	// upload but before its reply arrived, the request would leave an
+	// upload whose ID nobody knows, so nobody would abort it.
+	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	uploadID, err := d.core.NewMultipartUpload(ictx, d.bucket, key, initOpts)
+	icancel()
 	if err != nil {
 		return fmt.Errorf("s3: put %s: start multipart upload: %w", key, err)
 	}
@@ -489,6 +495,9 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 			}
 		}
 	}()
+	if err = ctx.Err(); err != nil {
+		return fmt.Errorf("s3: put %s: %w", key, err)
+	}
 
 	parts := make([]minio.CompletePart, nparts)
 	g, gctx := errgroup.WithContext(ctx)
@@ -539,7 +548,12 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	}
 	copts := d.putOptions(opts)
 	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(full.Sum32()), "X-Amz-Checksum-Type": "FULL_OBJECT"}
-	if _, err := d.core.CompleteMultipartUpload(ctx, d.bucket, key, uploadID, parts, copts); err != nil {
+	// Completing is the commit: a cancellation from here on cannot be
+	// honoured (the server may complete a request the client gave up on),
+	// so it is not sent midway; the outcome is always known and reported.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer ccancel()
+	if _, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts); err != nil {
 		return fmt.Errorf("s3: put %s: complete multipart upload: %w", key, err)
 	}
 	return nil

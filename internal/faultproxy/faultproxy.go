@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sync"
+	"time"
 )
 
 // Rule decides whether the proxy fails a request instead of forwarding it.
@@ -25,6 +26,13 @@ type Rule struct {
 	Status      int
 	Body        string
 	ContentType string
+	// Delay holds back the response to a matching request that is
+	// forwarded (not failed) this long after the server answered it: the
+	// server has acted, the client has not heard yet.
+	Delay time.Duration
+	// Seen, when set, gets a value (without blocking) for every matching
+	// request as it arrives.
+	Seen chan<- struct{}
 }
 
 // Proxy is a running fault-injecting proxy.
@@ -47,7 +55,8 @@ func New(target string) (*Proxy, error) {
 	// The Host header stays the proxy's: request signatures (S3 SigV4) were
 	// computed for it.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rule := p.match(r); rule != nil {
+		rule, delay := p.match(r)
+		if rule != nil {
 			ct := rule.ContentType
 			if ct == "" {
 				ct = "application/xml"
@@ -58,28 +67,58 @@ func New(target string) (*Proxy, error) {
 			_, _ = w.Write([]byte(rule.Body))
 			return
 		}
+		if delay > 0 {
+			w = &delayedWriter{ResponseWriter: w, delay: delay}
+		}
 		rp.ServeHTTP(w, r)
 	}))
 	return p, nil
 }
 
-// match counts r against the rules and returns the rule that fails it.
-func (p *Proxy) match(r *http.Request) *Rule {
+// match counts r against the rules and returns the rule that fails it,
+// and the longest Delay of the matching rules that do not.
+func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var fail *Rule
+	var delay time.Duration
 	for _, rule := range p.rules {
 		if !rule.Match(r) {
 			continue
+		}
+		if rule.Seen != nil {
+			select {
+			case rule.Seen <- struct{}{}:
+			default:
+			}
 		}
 		n := p.counts[rule]
 		p.counts[rule]++
 		if fail == nil && (rule.Fail == nil || rule.Fail(n)) {
 			p.failed[rule]++
 			fail = rule
+			continue
 		}
+		delay = max(delay, rule.Delay)
 	}
-	return fail
+	return fail, delay
+}
+
+// delayedWriter holds a forwarded response back before its header.
+type delayedWriter struct {
+	http.ResponseWriter
+	delay time.Duration
+	once  sync.Once
+}
+
+func (d *delayedWriter) WriteHeader(code int) {
+	d.once.Do(func() { time.Sleep(d.delay) })
+	d.ResponseWriter.WriteHeader(code)
+}
+
+func (d *delayedWriter) Write(b []byte) (int, error) {
+	d.once.Do(func() { time.Sleep(d.delay) })
+	return d.ResponseWriter.Write(b)
 }
 
 // Add installs a rule (rules added later are checked after earlier ones).
