@@ -36,7 +36,9 @@ type RetryPolicy struct {
 }
 
 // DefaultRetryPolicy is used by Open and NewStore.
-var DefaultRetryPolicy = RetryPolicy{Attempts: 4, BaseDelay: 100 * time.Millisecond, MaxDelay: 3 * time.Second, Budget: 2 * time.Minute}
+// It has no time Budget: an attempt of a multi-GiB upload may itself take
+// minutes, and a transient failure at its end deserves its retries.
+var DefaultRetryPolicy = RetryPolicy{Attempts: 4, BaseDelay: 100 * time.Millisecond, MaxDelay: 3 * time.Second}
 
 // Store is the portable handle on a driver rooted at a prefix. It validates
 // keys before any driver sees them, joins them to its prefix, classifies
