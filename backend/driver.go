@@ -32,7 +32,11 @@ type Driver interface {
 	// bytes, or ctx is cancelled, the previous object (or nothing) stays in
 	// place. With opts.IfNotExists set, Put fails with CodeAlreadyExists when
 	// the key exists (drivers without Capabilities.CreateIfAbsent are never
-	// asked). r is consumed once; the Store handles retries.
+	// asked). r is consumed once; the Store handles retries. Through a
+	// Store, r is an exact-size body: it yields exactly size bytes and then
+	// io.EOF, or fails (a short or over-long source, a cancelled ctx), and
+	// the Store is the one place that checks this; a driver only has to
+	// publish nothing when r fails.
 	Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error
 
 	// Stat returns the attributes of key, or CodeNotFound.

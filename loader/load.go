@@ -14,6 +14,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -348,7 +349,7 @@ type executor struct {
 	targets []*statedict.StateDict
 	conc    int
 	maxRead int64
-	pool    *bufPool
+	pool    *bufpool.Pool
 
 	mu   sync.Mutex
 	sets []bytesSet // bytes values, applied last
@@ -365,7 +366,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(ex.conc)
 	if ex.pool == nil {
-		ex.pool = newBufPool(ex.conc, ex.maxRead) // shared by both passes
+		ex.pool = bufpool.New(int(ex.maxRead)) // shared by both passes; ex.conc reads hold one each
 	}
 	pool := ex.pool
 	for i := range ex.plan.Ops {
@@ -382,8 +383,11 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 					return err
 				}
 			}
-			buf := pool.get(op.Length)
-			defer pool.put(buf)
+			buf, err := pool.Get(gctx, int(op.Length))
+			if err != nil {
+				return err
+			}
+			defer pool.Put(buf)
 			if err := ex.c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
@@ -460,39 +464,6 @@ func contiguous(offsets, sizes, boxOffsets, boxSizes []int64) (start, n int64, o
 		start = start*sizes[j] + (boxOffsets[j] - offsets[j])
 	}
 	return start, n, true
-}
-
-// bufPool reuses read buffers of up to size bytes; larger requests get
-// their own. It keeps at most n, the number of reads in flight.
-type bufPool struct {
-	free chan []byte
-	size int64
-}
-
-func newBufPool(n int, size int64) *bufPool {
-	return &bufPool{free: make(chan []byte, n), size: size}
-}
-
-func (p *bufPool) get(n int64) []byte {
-	if n > p.size {
-		return make([]byte, n)
-	}
-	select {
-	case b := <-p.free:
-		return b[:n]
-	default:
-		return make([]byte, n, p.size)
-	}
-}
-
-func (p *bufPool) put(b []byte) {
-	if int64(cap(b)) != p.size {
-		return
-	}
-	select {
-	case p.free <- b:
-	default:
-	}
 }
 
 // applyAll copies staged, verified chunks into the targets, ops in parallel.

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -285,13 +286,16 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
-	pool := newBufPool(conc, planner.DefaultMaxReadBytes)
+	pool := bufpool.New(planner.DefaultMaxReadBytes) // conc reads hold one each
 	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
 		g.Go(func() error {
-			buf := pool.get(op.Length)
-			defer pool.put(buf)
+			buf, err := pool.Get(gctx, int(op.Length))
+			if err != nil {
+				return err
+			}
+			defer pool.Put(buf)
 			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}

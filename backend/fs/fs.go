@@ -29,6 +29,7 @@ import (
 	"syscall"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 )
 
 // TempPrefix starts the name of every temporary file a Put creates. List
@@ -201,7 +202,7 @@ func isGone(err error) bool {
 
 // copyBufs are Put's copy buffers: 1 MiB, so a large object is written in
 // few system calls (io.Copy's default is 32 KiB).
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+var copyBufs = bufpool.New(1 << 20)
 
 // onlyWriter hides *os.File's ReadFrom, which would bypass the buffer.
 type onlyWriter struct{ w io.Writer }
@@ -253,17 +254,16 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		}
 	}()
 
-	buf := copyBufs.Get().(*[]byte)
-	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(ctxReader{ctx: ctx, r: r}, size+1), *buf)
+	buf, err := copyBufs.Get(ctx, copyBufs.Size())
+	if err != nil {
+		return err
+	}
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, buf)
 	copyBufs.Put(buf)
 	if err != nil {
 		return fmt.Errorf("write %q: %w", key, err)
-	}
-	if n < size {
-		return fmt.Errorf("source ended after %d of %d declared bytes: %w", n, size, backend.ErrSizeMismatch)
-	}
-	if n > size {
-		return fmt.Errorf("source holds more than the %d declared bytes: %w", size, backend.ErrSizeMismatch)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync %q: %w", key, err)

@@ -131,15 +131,10 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		_ = w.Close() // aborted: returns the cancellation, publishes nothing
 		return cause
 	}
-	n, err := io.Copy(w, io.LimitReader(ctxSource{ctx: ctx, r: r}, size+1))
-	if err != nil {
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	if _, err := io.Copy(w, ctxSource{ctx: ctx, r: r}); err != nil {
 		return abort(fmt.Errorf("write %q: %w", key, err))
-	}
-	if n < size {
-		return abort(fmt.Errorf("source ended after %d of %d declared bytes: %w", n, size, backend.ErrSizeMismatch))
-	}
-	if n > size {
-		return abort(fmt.Errorf("source holds more than the %d declared bytes: %w", size, backend.ErrSizeMismatch))
 	}
 	if err := ctx.Err(); err != nil {
 		return abort(err)

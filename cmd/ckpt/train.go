@@ -127,6 +127,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 
 	var saveTime time.Duration
 	for tr.Iteration() < f.steps {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(res.Checkpoints), context.Cause(ctx))
+		}
 		loss := tr.Step()
 		step := tr.Iteration()
 		res.Loss = loss
@@ -161,4 +164,12 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "step %d loss %.6f lr %g weights_sha256 %s\n", res.Step, res.Loss, res.LR, res.WeightsSHA256)
 	return nil
+}
+
+// lastSaved says which checkpoint an interrupted run can resume from.
+func lastSaved(saved []string) string {
+	if len(saved) == 0 {
+		return "no checkpoint saved by this run"
+	}
+	return "last checkpoint saved: " + saved[len(saved)-1]
 }
