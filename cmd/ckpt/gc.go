@@ -3,29 +3,73 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ops/gc"
 )
 
+// gcOutput is the --json document of ckpt gc.
 type gcOutput struct {
-	DryRun bool       `json:"dry_run"`
-	Plan   *gc.Plan   `json:"plan"`
-	Result *gc.Result `json:"result,omitempty"`
+	header
+	URL         string       `json:"url"`
+	DryRun      bool         `json:"dry_run"`
+	NewestValid string       `json:"newest_valid"`
+	Decisions   []gcDecision `json:"decisions"`
+	// Deletions and Bytes total the checkpoints the plan deletes.
+	Deletions int   `json:"deletions"`
+	Bytes     int64 `json:"bytes"`
+	// Result is what the deletion did (absent with --dry-run).
+	Result *gcResult `json:"result,omitempty"`
+}
+
+type gcDecision struct {
+	Checkpoint checkpointJSON `json:"checkpoint"`
+	Delete     bool           `json:"delete"`
+	Reason     string         `json:"reason"`
+}
+
+type gcResult struct {
+	Deleted []gcDeleted  `json:"deleted"`
+	Skipped []gcDecision `json:"skipped"`
+	Objects int          `json:"objects"`
+	Bytes   int64        `json:"bytes"`
+}
+
+type gcDeleted struct {
+	Name    string `json:"name"`
+	Step    int64  `json:"step"`
+	Objects int    `json:"objects"`
+	Bytes   int64  `json:"bytes"`
+}
+
+func gcDecisions(ds []gc.Decision) []gcDecision {
+	out := make([]gcDecision, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, gcDecision{Checkpoint: entryJSON(d.Entry), Delete: d.Delete, Reason: d.Reason})
+	}
+	return out
+}
+
+func gcResultJSON(r *gc.Result) *gcResult {
+	if r == nil {
+		return nil
+	}
+	out := &gcResult{Deleted: []gcDeleted{}, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed}
+	for _, d := range r.Deleted {
+		out.Deleted = append(out.Deleted, gcDeleted(d))
+	}
+	return out
 }
 
 func newGCCmd() *cobra.Command {
 	var (
-		asJSON, dryRun, deep  bool
-		keepLast, concurrency int
-		keepEvery             int64
-		olderThan, grace      string
+		asJSON, dryRun, deep bool
+		keepLast, parallel   int
+		keepEvery            int64
+		olderThan, grace     string
 	)
 	cmd := &cobra.Command{
 		Use:   "gc RUN_URL --keep-last N",
@@ -46,7 +90,12 @@ are abandoned saves and are removed.
 Each deletion removes the metadata object first, so an interrupted gc never
 leaves a committed-looking checkpoint with missing data, then the data
 objects in parallel. A prefix that changed since planning is left alone.
-Durations accept Go syntax (90m, 36h) and days (7d).`,
+Durations accept Go syntax (90m, 36h) and days (7d).
+
+Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
+		Example: `  ckpt gc ./runs/demo --keep-last 3 --dry-run
+  ckpt gc s3://bucket/runs/demo --keep-last 5 --keep-every 1000 --older-than 7d
+  ckpt gc gs://bucket/run --keep-last 2 --deep --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -58,7 +107,7 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 			if p.Grace, err = parseDuration(grace); err != nil {
 				return usage(fmt.Errorf("--grace: %w", err))
 			}
-			run, err := backend.Open(ctx, args[0])
+			run, err := openExisting(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -68,26 +117,31 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 			if err != nil {
 				return err
 			}
-			out := gcOutput{DryRun: dryRun, Plan: plan}
+			out := &gcOutput{URL: plan.Run, DryRun: dryRun, NewestValid: plan.NewestValid, Decisions: gcDecisions(plan.Decisions), Deletions: plan.Deletions, Bytes: plan.DeleteBytes}
 			if !asJSON {
 				printGCPlan(cmd.OutOrStdout(), plan, now, dryRun)
 			}
 			if !dryRun && plan.Deletions > 0 {
-				opts := gc.Options{Concurrency: concurrency}
-				if !asJSON {
-					opts.Progress = func(pr gc.Progress) {
-						if pr.Skipped != "" {
-							fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] kept %s: %s\n", pr.Done, pr.Total, pr.Checkpoint, pr.Skipped)
-							return
-						}
-						fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] deleted %s (%d objects, %s)\n", pr.Done, pr.Total, pr.Checkpoint, pr.Objects, humanBytes(pr.Bytes))
+				opts := gc.Options{Concurrency: parallel}
+				p := newItemProgress(cmd, "gc", "checkpoints")
+				in := inv(cmd)
+				opts.Progress = func(pr gc.Progress) {
+					p.update(int64(pr.Done), int64(pr.Total))
+					if asJSON || in.quiet {
+						return
 					}
+					if pr.Skipped != "" {
+						fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] kept %s: %s\n", pr.Done, pr.Total, safe(pr.Checkpoint), safe(pr.Skipped))
+						return
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] deleted %s (%d objects, %s)\n", pr.Done, pr.Total, safe(pr.Checkpoint), pr.Objects, humanBytes(pr.Bytes))
 				}
 				res, err := gc.Execute(ctx, run, plan.Decisions, opts)
-				out.Result = res
+				p.finish()
+				out.Result = gcResultJSON(res)
 				if err != nil {
 					if asJSON {
-						_ = writeJSON(cmd.OutOrStdout(), out)
+						emit(cmd, out)
 					}
 					return err
 				}
@@ -96,7 +150,7 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 				}
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), out)
+				emit(cmd, out)
 			}
 			return nil
 		},
@@ -108,8 +162,11 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 	f.StringVar(&grace, "grace", "1h", "protect uncommitted and newer-than-valid prefixes younger than D")
 	f.BoolVar(&dryRun, "dry-run", false, "print the plan, delete nothing")
 	f.BoolVar(&deep, "deep", false, "verify the newest valid checkpoint deeply (every checksum)")
-	f.IntVar(&concurrency, "concurrency", 8, "parallel object deletions")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
+	addParallelFlag(cmd, &parallel, "objects deleted at once")
+	// --concurrency is the old name of --parallel.
+	f.IntVar(&parallel, "concurrency", 8, "")
+	_ = f.MarkDeprecated("concurrency", "use --parallel")
+	f.BoolVar(&asJSON, "json", false, jsonHelp)
 	_ = cmd.MarkFlagRequired("keep-last")
 	return cmd
 }
@@ -119,7 +176,7 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 	if valid == "" {
 		valid = "none"
 	}
-	fmt.Fprintf(w, "run %s: newest valid checkpoint %s\n", plan.Run, valid)
+	fmt.Fprintf(w, "run %s: newest valid checkpoint %s\n", safe(plan.Run), safe(valid))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACTION\tSTEP\tSTATE\tSIZE\tAGE\tREASON")
 	for _, d := range plan.Decisions {
@@ -131,7 +188,7 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		if !d.Entry.Committed {
 			state = "uncommitted"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", action, d.Entry.Step, state, humanBytes(d.Entry.Bytes), humanAge(d.Entry.Age(now)), d.Reason)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", action, d.Entry.Step, state, humanBytes(d.Entry.Bytes), humanAge(d.Entry.Age(now)), safe(d.Reason))
 	}
 	tw.Flush()
 	verb := "will delete"
@@ -139,17 +196,4 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		verb = "dry run: would delete"
 	}
 	fmt.Fprintf(w, "%s %d checkpoint(s), %s\n", verb, plan.Deletions, humanBytes(plan.DeleteBytes))
-}
-
-// parseDuration accepts Go durations plus a whole number of days ("7d").
-func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	if d, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.ParseInt(d, 10, 64)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("invalid duration %q", s)
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	return time.ParseDuration(s)
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
@@ -25,10 +24,13 @@ type trainFlags struct {
 	json        bool
 	noSaveOptim bool
 	noLoadOptim bool
+	force       bool
 }
 
 // trainResult is the final JSON object of `ckpt train --json`.
 type trainResult struct {
+	header
+	URL                 string   `json:"url"`
 	Step                int64    `json:"step"`
 	Loss                float32  `json:"loss"`
 	LR                  float64  `json:"lr"`
@@ -40,12 +42,14 @@ type trainResult struct {
 	Ranks               int      `json:"ranks"`
 	Checkpoints         []string `json:"checkpoints"`
 	SaveSeconds         float64  `json:"save_seconds"`
+	// Note says why nothing was trained (a --resume at or past --steps).
+	Note string `json:"note,omitempty"`
 }
 
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train --url URL --steps N --save-every K [--ranks R] [--resume]",
+		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume | --force]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -53,18 +57,35 @@ with parameters and AdamW state sharded over R simulated ranks. A checkpoint
 is written to URL/step-<8-digit step>/ every K steps. --resume continues from
 the newest committed, valid checkpoint under URL up to step N (N is always the
 total step count). The same seed gives the same weights_sha256 for any R and
-any mix of interruption and resume.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd.Context(), cmd, f) },
+any mix of interruption and resume.
+
+RUN_URL defaults to ./runs/demo (--url is an alias of the argument). A run
+that already holds checkpoints is refused (exit 6, conflict) unless
+--resume (continue it) or --force (replace the steps this run saves).
+--resume into a run already at or past --steps trains nothing and says so.
+Progress (steps done / total, rate, ETA) is shown on a terminal.`,
+		Example: `  ckpt train ./runs/demo --steps 12 --save-every 3 --ranks 4
+  ckpt train ./runs/demo --steps 24 --save-every 3 --resume
+  ckpt train s3://bucket/runs/demo --steps 12 --save-every 3 --json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			u, err := trainURL(cmd, args, f.url)
+			if err != nil {
+				return err
+			}
+			f.url = u
+			return runTrain(cmd.Context(), cmd, f)
+		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.url, "url", "./runs/demo", "run URL or local path under which checkpoints are written")
+	fl.StringVar(&f.url, "url", "./runs/demo", "run URL or local path (alias of the RUN_URL argument)")
+	fl.BoolVar(&f.force, forceFlag, false, "train from step 0 into a run that holds checkpoints, replacing the steps this run saves")
 	fl.Int64Var(&f.steps, "steps", 12, "total number of training steps")
 	fl.Int64Var(&f.saveEvery, "save-every", 3, "save a checkpoint every K steps (0: never)")
 	fl.IntVar(&f.ranks, "ranks", 1, "number of simulated ranks the state is sharded over")
 	fl.BoolVar(&f.resume, "resume", false, "continue from the newest committed checkpoint under --url")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the model, the data and the teacher")
-	fl.BoolVar(&f.json, "json", false, "print one JSON object as the last line")
+	fl.BoolVar(&f.json, "json", false, jsonHelp)
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
 	fl.BoolVar(&f.noLoadOptim, "no-load-optim", false, "do not load optimizer state on resume (iteration and scheduler are still restored)")
 	return cmd
@@ -74,18 +95,26 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.steps < 0 || f.saveEvery < 0 || f.ranks < 1 {
 		return usage(fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1"))
 	}
-	run, err := backend.Open(ctx, f.url)
+	if f.resume && f.force {
+		return usage(fmt.Errorf("--resume and --force exclude each other: --resume continues the run, --force replaces its checkpoints"))
+	}
+	run, err := openStore(ctx, f.url)
 	if err != nil {
 		return err
 	}
 	defer run.Close()
+	if !f.resume && !f.force {
+		if err := refuseFreshTrainInto(ctx, run); err != nil {
+			return err
+		}
+	}
 	logf := func(format string, a ...any) {
 		if !f.json {
-			fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...)
+			inv(cmd).notef(format, a...)
 		}
 	}
 	tr := trainer.New(f.seed)
-	res := trainResult{Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
+	res := &trainResult{URL: run.String(), Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
 		// Latest opens the newest valid checkpoint and reads its metadata
@@ -122,11 +151,17 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
 			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
+			if step >= f.steps {
+				return resumedPastTarget(cmd, f, res, step)
+			}
 		}
 	}
 
 	var saveTime time.Duration
+	p := newItemProgress(cmd, "train", "steps")
+	defer p.finish()
 	for tr.Iteration() < f.steps {
+		p.update(tr.Iteration(), f.steps)
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(res.Checkpoints), context.Cause(ctx))
 		}
@@ -159,8 +194,10 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res.LR = tr.LR()
 	res.WeightsSHA256 = tr.WeightsSHA256()
 	res.SaveSeconds = saveTime.Seconds()
+	p.finish()
 	if f.json {
-		return writeJSON(cmd.OutOrStdout(), res)
+		emit(cmd, res)
+		return nil
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "step %d loss %.6f lr %g weights_sha256 %s\n", res.Step, res.Loss, res.LR, res.WeightsSHA256)
 	return nil
