@@ -133,9 +133,24 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 			}
 			var out, errb strings.Builder
 			code := run(ctx, c.args, &out, &errb)
-			_ = out
 			require.Equal(t, doc[c.class.String()], code, "ckpt %v: %s", c.args, errb.String())
 			require.Contains(t, errb.String(), c.want)
+
+			// With --json, the same error is one document on stdout:
+			// {"error": {"class", "message", "url"}}, valid against the
+			// schema of docs/CLI.md.
+			out.Reset()
+			errb.Reset()
+			args := withJSON(c.args)
+			code = run(ctx, args, &out, &errb)
+			require.Equal(t, doc[c.class.String()], code, "ckpt %v: %s", args, errb.String())
+			d := validDocument(t, out.String())
+			require.NotNil(t, d.Error, "ckpt %v: %s", args, out.String())
+			require.Equal(t, c.class.String(), d.Error.Class)
+			require.Contains(t, d.Error.Message, c.want)
+			if c.class != ckpterr.Usage && c.class != ckpterr.Access {
+				require.NotEmpty(t, d.Error.URL, "the error names its URL: %s", out.String())
+			}
 		})
 	}
 }

@@ -32,7 +32,7 @@ type trainResult struct {
 	header
 	URL                 string   `json:"url"`
 	Step                int64    `json:"step"`
-	Loss                float32  `json:"loss"`
+	Loss                float32  `json:"loss,omitempty"` // absent when no step ran
 	LR                  float64  `json:"lr"`
 	ResumedFrom         *int64   `json:"resumed_from"`
 	ResumedURL          string   `json:"resumed_url,omitempty"`
@@ -152,7 +152,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			res.OptimizerLoaded = rep.OptimizerLoaded
 			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
 			if step >= f.steps {
-				return resumedPastTarget(cmd, f, res, step)
+				return resumedPastTarget(cmd, f, res, tr)
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/trainer"
 )
 
 // trainURL resolves the run URL of `ckpt train`: the positional argument,
@@ -48,8 +49,10 @@ func refuseFreshTrainInto(ctx context.Context, run *backend.Store) error {
 
 // resumedPastTarget is the outcome of a --resume that finds the run at or
 // past --steps: nothing to train, no loss to report.
-func resumedPastTarget(cmd *cobra.Command, f trainFlags, res *trainResult, at int64) error {
-	res.Step = at
+// The weights and LR reported are the restored ones; no loss is.
+func resumedPastTarget(cmd *cobra.Command, f trainFlags, res *trainResult, tr *trainer.Trainer) error {
+	at := tr.Iteration()
+	res.Step, res.LR, res.WeightsSHA256 = at, tr.LR(), tr.WeightsSHA256()
 	res.Note = fmt.Sprintf("the run is already at step %d, at or past --steps %d: nothing to train", at, f.steps)
 	if f.json {
 		emit(cmd, res)
