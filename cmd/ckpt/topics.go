@@ -9,7 +9,7 @@ import (
 // helpTopics are the "ckpt help TOPIC" pages: commands without a Run,
 // which cobra lists under "Additional help topics".
 func helpTopics() []*cobra.Command {
-	return []*cobra.Command{
+	topics := []*cobra.Command{
 		{
 			Use:   "urls",
 			Short: "Storage URLs: local paths, file://, mem://, s3://, gs://, plugin schemes",
@@ -51,11 +51,17 @@ gs:      Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS,
 plugins: CKPTKIT_PLUGIN_DIR (as --plugin-dir); pins in DIR/ckptkit-plugins.lock
 
 On an access error, ckpt says which credentials it found (never their
-values), the endpoint and the region. -vv logs every storage request and
-retry on stderr.`,
+values), the endpoint and the region. -vv logs every storage request (each
+retry is one more) on stderr.`,
 			Example: `  AWS_PROFILE=training ckpt ls s3://bucket/runs/demo
   STORAGE_EMULATOR_HOST=127.0.0.1:4443 ckpt ls gs://bucket/runs/demo
   CKPTKIT_PLUGIN_DIR=./plugins ckpt ls myscheme://run`,
 		},
 	}
+	// cobra prints a topic's Long text only (no usage, so no Example):
+	// the examples go at its end.
+	for _, t := range topics {
+		t.Long += "\n\nExamples:\n" + t.Example
+	}
+	return topics
 }
