@@ -65,11 +65,12 @@ func startProgress(cmd *cobra.Command, label string, bytes bool, unit string) *p
 	opts := []progressbar.Option{
 		progressbar.OptionSetWriter(w),
 		progressbar.OptionSetDescription(label),
-		progressbar.OptionThrottle(200 * time.Millisecond),
+		progressbar.OptionThrottle(100 * time.Millisecond),
 		progressbar.OptionShowCount(),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionSetElapsedTime(true),
-		progressbar.OptionShowElapsedTimeOnFinish(),
+		// The ETA is ours (see eta): the bar's own counts whole seconds,
+		// so it reads 0s through the last second of every operation.
+		progressbar.OptionSetPredictTime(false),
+		progressbar.OptionSetElapsedTime(false),
 		progressbar.OptionSetWidth(20),
 		progressbar.OptionClearOnFinish(),
 	}
@@ -98,6 +99,7 @@ func (p *progress) update(done, total int64) {
 		} else if p.bar.GetMax64() != total {
 			p.bar.ChangeMax64(total)
 		}
+		p.bar.Describe(p.label + " ETA " + p.eta(done, total, time.Now()))
 		_ = p.bar.Set64(done)
 		return
 	}
@@ -122,6 +124,28 @@ func (p *progress) line(done, total int64, now time.Time) string {
 		return fmt.Sprintf("%s: %s / %s, %s/s, ETA %s", p.label, humanize.IBytes(uint64(done)), humanize.IBytes(uint64(total)), humanize.IBytes(uint64(rate)), eta)
 	}
 	return fmt.Sprintf("%s: %d / %d %s, %.1f %s/s, ETA %s", p.label, done, total, p.unit, rate, p.unit, eta)
+}
+
+// rate is the average rate since the start, per second.
+func (p *progress) rate(done int64, now time.Time) float64 {
+	if el := now.Sub(p.start).Seconds(); el > 0 {
+		return float64(done) / el
+	}
+	return 0
+}
+
+// eta is the time left at the average rate so far: tenths of a second
+// under 10s, whole seconds above; "?" before the first byte.
+func (p *progress) eta(done, total int64, now time.Time) string {
+	rate := p.rate(done, now)
+	if rate <= 0 || total < done {
+		return "?"
+	}
+	left := time.Duration(float64(total-done) / rate * float64(time.Second))
+	if left < 10*time.Second {
+		return left.Round(100 * time.Millisecond).String()
+	}
+	return left.Round(time.Second).String()
 }
 
 // finish ends the bar (it is cleared from the terminal).
