@@ -87,13 +87,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// argument count) before any command ran.
 		err = usage(err)
 	}
-	if err != nil {
-		if hint := storageHint(err, firstArg(c, args)); hint != "" {
-			err = fmt.Errorf("%w\n%s", err, hint)
-		}
-	}
+	hint := storageHint(err, firstArg(c, args))
 	if wantsJSON(c) && (err != nil || in.doc != nil) {
-		if werr := writeDocument(stdout, commandName(c), in.doc, err, cmdArgs(c, args)); werr != nil && err == nil {
+		jerr := err
+		if hint != "" {
+			jerr = fmt.Errorf("%w; %s", err, hint)
+		}
+		if werr := writeDocument(stdout, commandName(c), in.doc, jerr, cmdArgs(c, args)); werr != nil && err == nil {
 			err = werr
 		}
 	}
@@ -101,6 +101,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	fmt.Fprintln(stderr, "ckpt:", safe(err.Error()))
+	if hint != "" {
+		fmt.Fprintln(stderr, "ckpt:", hint)
+	}
 	return exitCode(err)
 }
 

@@ -100,17 +100,21 @@ func storageHint(err error, rawURL string) string {
 	switch u.Scheme {
 	case "s3":
 		var found []string
-		for _, v := range []string{"AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE"} {
+		for _, v := range []string{"AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE"} {
 			if os.Getenv(v) != "" {
 				found = append(found, "$"+v)
 			}
 		}
-		if home, herr := os.UserHomeDir(); herr == nil {
+		if f := os.Getenv("AWS_SHARED_CREDENTIALS_FILE"); f != "" {
+			if _, serr := os.Stat(f); serr == nil {
+				found = append(found, "$AWS_SHARED_CREDENTIALS_FILE")
+			}
+		} else if home, herr := os.UserHomeDir(); herr == nil {
 			if _, serr := os.Stat(home + "/.aws/credentials"); serr == nil {
 				found = append(found, "~/.aws/credentials")
 			}
 		}
-		creds := "no credentials found in the environment or ~/.aws/credentials (an instance role may still apply)"
+		creds := "no credentials found in $AWS_ACCESS_KEY_ID, $AWS_PROFILE or the shared credentials file (an instance role may still apply)"
 		if len(found) > 0 {
 			creds = "credentials from " + strings.Join(found, ", ")
 		}
