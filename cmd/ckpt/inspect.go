@@ -123,7 +123,7 @@ there is not a readable checkpoint.`,
 			}
 			var p *progress
 			if hash {
-				p = newProgress(cmd, "inspect --hash")
+				p = newProgress(cmd, "inspect")
 			}
 			out, err := describe(ctx, c, from, hash, p.callback())
 			p.finish()

@@ -41,7 +41,7 @@ func newLatestCmd() *cobra.Command {
 		Short: "Print the newest committed checkpoint under a run that passes verify",
 		Long: `Walks the run's step-NNNNNNNN checkpoints newest first and prints the first
 that is committed and passes verify (with --deep, reading every byte and
-checking every checksum): its URL and step. Newer checkpoints passed over
+checking every checksum, with progress on a terminal): its URL and step. Newer checkpoints passed over
 are listed with the reason (on stderr, or in the JSON).
 Exit 0 when one is found; 1 when committed checkpoints exist but none
 passes verify; 3 when nothing is stored under RUN_URL ("no such path") or
@@ -56,7 +56,17 @@ no checkpoint under it is committed.`,
 				return err
 			}
 			defer run.Close()
-			found, skipped, err := catalog.Latest(ctx, run, deep)
+			opts := catalog.LatestOptions{Deep: deep}
+			var p *progress
+			if deep {
+				p = newProgress(cmd, "latest")
+				if p != nil {
+					// One bar per candidate: a skipped one starts it over.
+					opts.Progress = func(_ string, done, total int64) { p.update(done, total) }
+				}
+			}
+			found, skipped, err := catalog.LatestWith(ctx, run, opts)
+			p.finish()
 			out := &latestOutput{URL: run.String(), Deep: deep, Skipped: []latestSkipped{}}
 			committed := false
 			for _, s := range skipped {

@@ -71,3 +71,28 @@ func TestVerboseQuietAndLogLevel(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, errs, "copy ETA")
 }
+
+// Every long operation draws its progress (forced with --progress, as
+// stderr is not a terminal here): done / total and an ETA.
+func TestEveryLongOperationShowsProgress(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	step := filepath.Join(run, "step-00000006")
+	cases := [][]string{
+		{"train", run, "--steps", "6", "--save-every", "3"},
+		{"copy", step, filepath.Join(dir, "copy")},
+		{"verify", "--deep", step},
+		{"latest", "--deep", run},
+		{"inspect", "--hash", step},
+		{"diff", step, filepath.Join(dir, "copy")},
+		{"convert", step, filepath.Join(dir, "st"), "--to", "safetensors"},
+		{"gc", run, "--keep-last", "1", "--grace", "0s"},
+	}
+	for _, args := range cases {
+		code, _, errs := ckpt(t, append([]string{"--progress"}, args...)...)
+		require.Equal(t, 0, code, "%v: %s", args, errs)
+		label := args[0]
+		frame := regexp.MustCompile(regexp.QuoteMeta(label) + ` ETA \S+ +\d+% \|[^|]*\| \(\s*[\d.]+(?:[\s\x{00a0}][KMG]?i?B)?/[\d.]+`)
+		require.Regexp(t, frame, errs, "%v", args)
+	}
+}
