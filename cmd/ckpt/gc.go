@@ -32,17 +32,10 @@ type gcDecision struct {
 }
 
 type gcResult struct {
-	Deleted []gcDeleted  `json:"deleted"`
+	Deleted []gc.Deleted `json:"deleted"`
 	Skipped []gcDecision `json:"skipped"`
 	Objects int          `json:"objects"`
 	Bytes   int64        `json:"bytes"`
-}
-
-type gcDeleted struct {
-	Name    string `json:"name"`
-	Step    int64  `json:"step"`
-	Objects int    `json:"objects"`
-	Bytes   int64  `json:"bytes"`
 }
 
 func gcDecisions(ds []gc.Decision) []gcDecision {
@@ -57,9 +50,9 @@ func gcResultJSON(r *gc.Result) *gcResult {
 	if r == nil {
 		return nil
 	}
-	out := &gcResult{Deleted: []gcDeleted{}, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed}
-	for _, d := range r.Deleted {
-		out.Deleted = append(out.Deleted, gcDeleted(d))
+	out := &gcResult{Deleted: r.Deleted, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed}
+	if out.Deleted == nil {
+		out.Deleted = []gc.Deleted{}
 	}
 	return out
 }

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -101,15 +99,7 @@ func TestEveryLongOperationShowsProgress(t *testing.T) {
 
 // -vv logs each retry of the Store's retry loop.
 func TestVerboseLogsRetries(t *testing.T) {
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "0")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`))
-	}))
-	defer slow.Close()
-	t.Setenv("AWS_ACCESS_KEY_ID", "test")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testtesttest")
-	u := "s3://bucket/run?endpoint=" + strings.TrimPrefix(slow.URL, "http://") + "&insecure=true&region=us-east-1"
+	u := slowDownS3(t)
 	code, _, errs := ckpt(t, "-vv", "ls", u)
 	require.Equal(t, 5, code, errs)
 	require.Regexp(t, `level=DEBUG msg="storage retry" store=s3://bucket/run`, errs)
