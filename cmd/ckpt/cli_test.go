@@ -228,3 +228,26 @@ func TestHostileKeysAreEscapedInHumanOutput(t *testing.T) {
 	require.Equal(t, hostile, doc.Tensors[0].Key, "--json carries the exact key")
 	require.True(t, strings.HasPrefix(doc.Values[0].Key, "scheduler."))
 }
+
+// latest with nothing valid: no zero-valued checkpoint in the JSON, an
+// error instead; exit 3 when nothing is committed, 1 when the committed
+// ones all fail verification.
+func TestLatestWithoutAValidCheckpoint(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	trainJSON(t, run, "--steps", "3", "--save-every", "3")
+	md := filepath.Join(run, "step-00000003", "ckptkit.metadata.json")
+	data := filepath.Join(run, "step-00000003", "rank-00000-000.data")
+	require.NoError(t, os.Truncate(data, 10))
+
+	code, out, _ := ckpt(t, "latest", "--json", run)
+	require.Equal(t, 1, code, out)
+	d := validDocument(t, out)
+	require.Equal(t, "bad-checkpoint", d.Error.Class)
+	require.NotContains(t, out, `"checkpoint"`)
+	require.Contains(t, out, `"skipped":[{"name":"step-00000003"`)
+
+	require.NoError(t, os.Remove(md))
+	code, out, _ = ckpt(t, "latest", "--json", run)
+	require.Equal(t, 3, code, out)
+	require.Equal(t, "not-found", validDocument(t, out).Error.Class)
+}

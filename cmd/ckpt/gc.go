@@ -119,15 +119,15 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 				p := newItemProgress(cmd, "gc", "checkpoints")
 				in := inv(cmd)
 				opts.Progress = func(pr gc.Progress) {
-					p.update(int64(pr.Done), int64(pr.Total))
-					if asJSON || in.quiet {
+					defer p.update(int64(pr.Done), int64(pr.Total))
+					if asJSON {
 						return
 					}
 					if pr.Skipped != "" {
-						fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] kept %s: %s\n", pr.Done, pr.Total, safe(pr.Checkpoint), safe(pr.Skipped))
+						in.notef("[%d/%d] kept %s: %s", pr.Done, pr.Total, safe(pr.Checkpoint), safe(pr.Skipped))
 						return
 					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] deleted %s (%d objects, %s)\n", pr.Done, pr.Total, safe(pr.Checkpoint), pr.Objects, humanBytes(pr.Bytes))
+					in.notef("[%d/%d] deleted %s (%d objects, %s)", pr.Done, pr.Total, safe(pr.Checkpoint), pr.Objects, humanBytes(pr.Bytes))
 				}
 				res, err := gc.Execute(ctx, run, plan.Decisions, opts)
 				p.finish()

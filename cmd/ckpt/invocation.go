@@ -23,6 +23,9 @@ type invocation struct {
 	logger   *slog.Logger
 
 	doc document
+	// bar is the progress bar on stderr, if one is drawn: a note clears
+	// it first, so that the note does not land inside the bar's line.
+	bar *progress
 }
 
 type invocationKey struct{}
@@ -73,11 +76,14 @@ func (in *invocation) logs(level slog.Level) bool {
 	return in.logger.Enabled(context.Background(), level)
 }
 
-// notef prints a human note on stderr unless -q.
+// notef prints a human note on stderr unless -q; a progress bar being
+// drawn is cleared first and redrawn by its next update.
 func (in *invocation) notef(format string, a ...any) {
-	if !in.quiet {
-		fmt.Fprintf(in.stderr, format+"\n", a...)
+	if in.quiet {
+		return
 	}
+	in.bar.clear()
+	fmt.Fprintf(in.stderr, format+"\n", a...)
 }
 
 // version and commit are set by the linker (-ldflags "-X main.version=...

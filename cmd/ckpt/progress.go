@@ -82,6 +82,7 @@ func startProgress(cmd *cobra.Command, label string, bytes bool, unit string) *p
 	// The bar is made on the first update, when the total is known: a bar
 	// started without a total never predicts an ETA.
 	p.newBar = func(total int64) *progressbar.ProgressBar { return progressbar.NewOptions64(total, opts...) }
+	in.bar = p
 	return p
 }
 
@@ -157,6 +158,18 @@ func (p *progress) finish() {
 	defer p.mu.Unlock()
 	if p.bar != nil {
 		_ = p.bar.Finish()
+	}
+}
+
+// clear erases the bar from the terminal until the next update.
+func (p *progress) clear() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.bar != nil {
+		_ = p.bar.Clear()
 	}
 }
 

@@ -121,7 +121,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		// once; the load below reads through that same opened checkpoint.
 		found, skipped, err := catalog.Latest(ctx, run, false)
 		for _, s := range skipped {
-			logf("skipping %s: %s", s.Entry.URL, s.Reason)
+			logf("skipping %s: %s", safe(s.Entry.URL), safe(s.Reason))
 		}
 		switch {
 		case errors.Is(err, catalog.ErrNoCommittedCheckpoint):
