@@ -83,7 +83,7 @@ Progress (steps done / total, rate, ETA) is shown on a terminal.`,
 	fl.Int64Var(&f.steps, "steps", 12, "total number of training steps")
 	fl.Int64Var(&f.saveEvery, "save-every", 3, "save a checkpoint every K steps (0: never)")
 	fl.IntVar(&f.ranks, "ranks", 1, "number of simulated ranks the state is sharded over")
-	fl.BoolVar(&f.resume, "resume", false, "continue from the newest committed checkpoint under --url")
+	fl.BoolVar(&f.resume, "resume", false, "continue from the newest committed, valid checkpoint under RUN_URL")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the model, the data and the teacher")
 	fl.BoolVar(&f.json, "json", false, jsonHelp)
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
