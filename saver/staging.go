@@ -1,0 +1,222 @@
+package saver
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
+)
+
+// DefaultStagingBytes is the staging budget of a Saver whose
+// AsyncOptions.StagingBytes is 0: 512 MiB, the loader's default staging
+// limit too. A state larger than the budget is still saved, in pieces.
+const DefaultStagingBytes = 512 << 20
+
+// MinStagingBytes is the smallest staging budget a Saver accepts (1 MiB).
+const MinStagingBytes = 1 << 20
+
+// ErrStagingTooSmall is returned when one object of a save cannot fit in
+// the staging budget (a byte value larger than the budget: tensors are
+// split to fit, byte values cannot be).
+var ErrStagingTooSmall = ckpterr.New(ckpterr.Usage, "an item does not fit in the staging budget")
+
+// Page sizes of the staging pool: the budget is cut into pages of
+// budget/64 bytes, clamped to [64 KiB, 4 MiB].
+const (
+	minPage = 64 << 10
+	maxPage = 4 << 20
+)
+
+// stager holds the staging pool of a Saver: pages allocated on demand,
+// never more than the budget in all, reused from save to save. An object
+// is staged into whole pages it holds until its Put returns, so a Store
+// retry can rewind the body.
+type stager struct {
+	budget int64 // in bytes, a multiple of page
+	page   int64
+	sem    *semaphore.Weighted // counts pages
+
+	mu   sync.Mutex
+	free [][]byte
+
+	allocated atomic.Int64 // bytes of pages ever allocated (the pool)
+	held      atomic.Int64 // bytes of pages held by objects right now
+	peak      atomic.Int64 // high-water mark of held
+}
+
+func newStager(budget int64) *stager {
+	page := min(max(budget/64, minPage), maxPage)
+	pages := budget / page
+	return &stager{budget: pages * page, page: page, sem: semaphore.NewWeighted(pages)}
+}
+
+// share is the largest object a rank writing with the given upload
+// concurrency plans while staging: its share of the budget, so that
+// `concurrency` objects can be staged and uploading at once.
+func (s *stager) share(concurrency int) int64 {
+	return max(s.page, s.budget/int64(max(concurrency, 1))/s.page*s.page)
+}
+
+// stage copies parts (size bytes in all) into pages of the pool, waiting
+// for the budget while other objects hold it, and returns the copy and the
+// function that gives its pages back.
+func (s *stager) stage(ctx context.Context, size int64, parts [][]byte) ([][]byte, func(), error) {
+	if size > s.budget {
+		return nil, nil, fmt.Errorf("%w: object of %d bytes, budget %d bytes; raise the staging budget", ErrStagingTooSmall, size, s.budget)
+	}
+	n := (size + s.page - 1) / s.page
+	if n == 0 {
+		return nil, func() {}, nil
+	}
+	if err := s.sem.Acquire(ctx, n); err != nil {
+		return nil, nil, err
+	}
+	pages := s.take(int(n))
+	held := s.held.Add(n * s.page)
+	for {
+		p := s.peak.Load()
+		if held <= p || s.peak.CompareAndSwap(p, held) {
+			break
+		}
+	}
+	// Copy the parts back to back over the pages.
+	pi, off := 0, 0
+	for _, b := range parts {
+		for len(b) > 0 {
+			c := copy(pages[pi][off:], b)
+			b = b[c:]
+			off += c
+			if off == len(pages[pi]) {
+				pi, off = pi+1, 0
+			}
+		}
+	}
+	body := slices.Clone(pages)
+	body[n-1] = body[n-1][:size-(n-1)*s.page]
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			s.give(pages)
+			s.held.Add(-n * s.page)
+			s.sem.Release(n)
+		})
+	}
+	return body, release, nil
+}
+
+// take returns n pages from the free list, allocating the missing ones (the
+// semaphore already guarantees the pool stays within the budget).
+func (s *stager) take(n int) [][]byte {
+	s.mu.Lock()
+	k := min(n, len(s.free))
+	out := slices.Clone(s.free[len(s.free)-k:])
+	s.free = s.free[:len(s.free)-k]
+	s.mu.Unlock()
+	for len(out) < n {
+		out = append(out, make([]byte, s.page))
+		s.allocated.Add(s.page)
+	}
+	return out
+}
+
+func (s *stager) give(pages [][]byte) {
+	s.mu.Lock()
+	s.free = append(s.free, pages...)
+	s.mu.Unlock()
+}
+
+// drop forgets the free pages (the garbage collector returns them to the
+// operating system); pages held by a running save come back later.
+func (s *stager) drop() {
+	s.mu.Lock()
+	s.allocated.Add(-int64(len(s.free)) * s.page)
+	s.free = nil
+	s.mu.Unlock()
+}
+
+// splitItems returns the local plan with every tensor item larger than
+// limit bytes cut into chunks of at most limit bytes that tile it, and the
+// data slices indexed like the new items. A chunk is cut along its first
+// dimension into runs of whole rows; a single row larger than limit is cut
+// along the next dimension, and so on, so every piece is contiguous in the
+// chunk's row-major bytes. Replicas of a chunk on several ranks are cut
+// identically, so the planner still deduplicates them.
+func splitItems(lp planner.LocalPlan, data [][]byte, limit int64) (planner.LocalPlan, [][]byte) {
+	split := false
+	for _, it := range lp.Items {
+		if it.Kind == planner.TensorItem && it.Length > limit {
+			split = true
+			break
+		}
+	}
+	if !split {
+		return lp, data
+	}
+	out := planner.LocalPlan{Rank: lp.Rank}
+	var outData [][]byte
+	for i, it := range lp.Items {
+		if it.Kind != planner.TensorItem || it.Length <= limit {
+			out.Items = append(out.Items, it)
+			outData = append(outData, data[i])
+			continue
+		}
+		es := int64(metadata.ElementSize(it.DType))
+		for _, p := range splitBox(it.Offsets, it.Sizes, es, limit) {
+			piece := it
+			piece.Offsets, piece.Sizes, piece.Length = p.offsets, p.sizes, p.hi-p.lo
+			out.Items = append(out.Items, piece)
+			outData = append(outData, data[i][p.lo:p.hi])
+		}
+	}
+	return out, outData
+}
+
+// boxPiece is a sub-box of a chunk and its byte range in the chunk's data.
+type boxPiece struct {
+	offsets, sizes []int64
+	lo, hi         int64
+}
+
+// splitBox cuts the box (offsets, sizes) of elements of es bytes into
+// sub-boxes of at most limit bytes (at least one element each), each a
+// contiguous byte range of the box's row-major data.
+func splitBox(offsets, sizes []int64, es, limit int64) []boxPiece {
+	var out []boxPiece
+	var cut func(off, sz []int64, base int64, d int)
+	cut = func(off, sz []int64, base int64, d int) {
+		slab := es // bytes of one index step along dimension d
+		for _, v := range sz[min(d+1, len(sz)):] {
+			slab *= v
+		}
+		n := slab
+		if d < len(sz) {
+			n *= sz[d]
+		}
+		if n <= limit || d >= len(sz) {
+			out = append(out, boxPiece{offsets: off, sizes: sz, lo: base, hi: base + n})
+			return
+		}
+		step := max(limit/slab, 1)
+		for i := int64(0); i < sz[d]; i += step {
+			m := min(step, sz[d]-i)
+			o, s := slices.Clone(off), slices.Clone(sz)
+			o[d] += i
+			s[d] = m
+			if slab > limit {
+				// One index along d is still too big: cut it along d+1.
+				cut(o, s, base+i*slab, d+1)
+				continue
+			}
+			out = append(out, boxPiece{offsets: o, sizes: s, lo: base + i*slab, hi: base + (i+m)*slab})
+		}
+	}
+	cut(slices.Clone(offsets), slices.Clone(sizes), 0, 0)
+	return out
+}
