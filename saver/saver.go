@@ -455,12 +455,11 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 	uploads := semaphore.NewWeighted(int64(opts.Concurrency))
 	var stageErr error
 	for i, w := range mine {
-		parts, crcs, obj, err := objectParts(st, w, data, objectCRC)
+		parts, err := objectParts(st, w, data)
 		if err != nil {
 			stageErr = err
 			break
 		}
-		results[i] = crcs
 		body, release := parts, func() {}
 		if stg != nil {
 			if body, release, err = stg.stage(gctx, w.Size, parts); err != nil {
@@ -474,8 +473,15 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				return fmt.Errorf("save rank %d: %s: %w", rank, st.URL(w.Object), err)
 			}
 			defer uploads.Release(1)
+			// CRCs of the bytes written (the staged copy when staging), here
+			// rather than while staging, which blocks the caller.
+			results[i] = itemCRCs(body, w.Items)
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
 			if objectCRC {
+				var obj uint32
+				for _, b := range body {
+					obj = crc32.Update(obj, castagnoli, b)
+				}
 				po.CRC32C = &obj
 			}
 			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(body), po); err != nil {
@@ -513,29 +519,41 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 	return ro
 }
 
-// objectParts returns the byte slices of object w in order, each item's
-// CRC32C, and the whole object's CRC32C when objectCRC is set.
-func objectParts(st *backend.Store, w planner.RankWrites, data [][]byte, objectCRC bool) ([][]byte, []uint32, uint32, error) {
+// objectParts returns the byte slices of object w's items in order.
+func objectParts(st *backend.Store, w planner.RankWrites, data [][]byte) ([][]byte, error) {
 	parts := make([][]byte, len(w.Items))
-	crcs := make([]uint32, len(w.Items))
-	var obj uint32
 	var off int64
 	for j, it := range w.Items {
 		if it.Offset != off {
-			return nil, nil, 0, fmt.Errorf("save %s: plan places %q at %d, expected %d", st.URL(w.Object), it.Key, it.Offset, off)
+			return nil, fmt.Errorf("save %s: plan places %q at %d, expected %d", st.URL(w.Object), it.Key, it.Offset, off)
 		}
-		b := data[it.LocalIndex]
-		parts[j] = b
-		crcs[j] = crc32.Checksum(b, castagnoli)
-		if objectCRC {
-			obj = crc32.Update(obj, castagnoli, b)
-		}
-		off += int64(len(b))
+		parts[j] = data[it.LocalIndex]
+		off += int64(len(parts[j]))
 	}
 	if off != w.Size {
-		return nil, nil, 0, fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
+		return nil, fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
 	}
-	return parts, crcs, obj, nil
+	return parts, nil
+}
+
+// itemCRCs returns the CRC32C of each item of an object whose bytes are
+// body's slices back to back (the items' slices, or staging pages).
+func itemCRCs(body [][]byte, items []planner.WriteItem) []uint32 {
+	crcs := make([]uint32, len(items))
+	var cur []byte
+	for j, it := range items {
+		var crc uint32
+		for n := it.Length; n > 0; {
+			for len(cur) == 0 {
+				cur, body = body[0], body[1:]
+			}
+			c := min(n, int64(len(cur)))
+			crc = crc32.Update(crc, castagnoli, cur[:c])
+			cur, n = cur[c:], n-c
+		}
+		crcs[j] = crc
+	}
+	return crcs
 }
 
 func commit(ctx context.Context, st *backend.Store, gp *planner.GlobalPlan, vals []any, opts Options) commitOutcome {

@@ -28,10 +28,10 @@ const MinStagingBytes = 1 << 20
 var ErrStagingTooSmall = ckpterr.New(ckpterr.Usage, "an item does not fit in the staging budget")
 
 // Page sizes of the staging pool: the budget is cut into pages of
-// budget/64 bytes, clamped to [64 KiB, 4 MiB].
+// budget/64 bytes, clamped to [64 KiB, 1 MiB].
 const (
 	minPage = 64 << 10
-	maxPage = 4 << 20
+	maxPage = 1 << 20
 )
 
 // stager holds the staging pool of a Saver: pages allocated on demand,

@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -55,10 +56,15 @@ var exitCodes = map[ckpterr.Class]int{
 	ckpterr.Canceled:      130,
 }
 
-// exitCode returns the process exit code of a command's error.
+// exitCode returns the process exit code of a command's error: the one it
+// names itself (a preempted train: 128 + the signal), else its class's.
 func exitCode(err error) int {
 	if err == nil {
 		return 0
+	}
+	var own interface{ ExitCode() int }
+	if errors.As(err, &own) {
+		return own.ExitCode()
 	}
 	return exitCodes[ckpterr.ClassOf(err)]
 }
