@@ -96,15 +96,17 @@ type Handle struct {
 	res    *Result
 	err    error
 	end    time.Time
+	gate   *uploadGate // opened once staged
 }
 
 func newHandle(start time.Time) *Handle {
-	return &Handle{staged: make(chan struct{}), done: make(chan struct{}), start: start}
+	return &Handle{staged: make(chan struct{}), done: make(chan struct{}), start: start, gate: newUploadGate()}
 }
 
 func (h *Handle) markStaged() {
 	h.state.CompareAndSwap(int32(Staging), int32(Staged))
 	close(h.staged)
+	h.gate.open()
 }
 
 func (h *Handle) finish(res *Result, err error) {
@@ -161,30 +163,31 @@ func (h *Handle) Elapsed() time.Duration {
 // A save that fails before it is staged returns its error too (the handle
 // is then final).
 func (s *Saver) SaveAsync(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options) (*Handle, error) {
-	return s.start(ctx, func(h *Handle) (*Result, error) {
-		return save(ctx, st, c, sd, opts, s.stg, h.markStaged)
+	return s.start(ctx, func(h *Handle, stg *staging) (*Result, error) {
+		return save(ctx, st, c, sd, opts, stg, h.markStaged)
 	})
 }
 
 // SaveLocalAsync is SaveAsync for len(sds) ranks running as goroutines of
 // this process (like SaveLocal): it returns once every rank is staged.
 func (s *Saver) SaveLocalAsync(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options) (*Handle, error) {
-	return s.start(ctx, func(h *Handle) (*Result, error) {
-		return saveRanks(ctx, st, sds, opts, s.stg, h.markStaged)
+	return s.start(ctx, func(h *Handle, stg *staging) (*Result, error) {
+		return saveRanks(ctx, st, sds, opts, stg, h.markStaged)
 	})
 }
 
-func (s *Saver) start(ctx context.Context, run func(h *Handle) (*Result, error)) (*Handle, error) {
+func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*Result, error)) (*Handle, error) {
 	t0 := time.Now()
 	if err := s.waitIdle(ctx); err != nil {
 		return nil, err
 	}
 	h := newHandle(t0)
+	stg := &staging{pool: s.stg, gate: h.gate}
 	s.mu.Lock()
 	s.cur = h
 	s.mu.Unlock()
 	go func() {
-		res, err := run(h)
+		res, err := run(h, stg)
 		s.mu.Lock()
 		h.finish(res, err)
 		if err != nil {

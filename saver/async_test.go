@@ -133,9 +133,11 @@ func TestAsyncSaveCommitsThePreMutationValues(t *testing.T) {
 	ctx := context.Background()
 	st := store(t)
 	gated, g := newGate(st, nil)
-	sd := bigState(1, 3<<20, 1<<20, 4096)
+	// Objects of up to 16 MiB (a quarter of the budget), items not aligned
+	// to the pool's pages: staging copies with several goroutines.
+	sd := bigState(1, 20<<20+64*7, 1<<20+64*3, 4096)
 	want := snapshot(sd)
-	s := newSaver(t, 32<<20)
+	s := newSaver(t, 64<<20)
 
 	h, err := s.SaveLocalAsync(ctx, gated, []*statedict.StateDict{sd}, saver.Options{Iteration: 4})
 	require.NoError(t, err)

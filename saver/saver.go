@@ -111,7 +111,7 @@ func SaveLocal(ctx context.Context, st *backend.Store, sds []*statedict.StateDic
 // saveRanks runs save for len(sds) in-process ranks and returns rank 0's
 // outcome (all ranks agree on it). staged is called once every rank has
 // called its own.
-func saveRanks(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options, stg *stager, staged func()) (*Result, error) {
+func saveRanks(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options, stg *staging, staged func()) (*Result, error) {
 	coords := coordinator.NewLocal(len(sds))
 	results := make([]*Result, len(sds))
 	errs := make([]error, len(sds))
@@ -289,7 +289,7 @@ func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 // into stg's pool first, within its budget). staged is called exactly once,
 // when this rank no longer reads the caller's buffers: after its last
 // object is staged, or when the save fails before that.
-func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options, stg *stager, staged func()) (*Result, error) {
+func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options, stg *staging, staged func()) (*Result, error) {
 	start := time.Now()
 	staged = sync.OnceFunc(staged)
 	defer staged()
@@ -299,7 +299,7 @@ func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 	if stg != nil && err == nil {
 		// Objects of at most a writer's share of the budget, so each can
 		// stay staged until its Put returns (a retry rewinds it).
-		share := stg.share(opts.Concurrency)
+		share := stg.pool.share(opts.Concurrency)
 		if opts.MaxObjectBytes <= 0 || opts.MaxObjectBytes > share {
 			opts.MaxObjectBytes = share
 		}
@@ -433,10 +433,11 @@ func checkUncommitted(ctx context.Context, st *backend.Store, opts Options) erro
 }
 
 // writeRank writes this rank's objects, at most opts.Concurrency at once.
-// With a stager, objects are staged one after the other in plan order
+// When staging, objects are staged one after the other in plan order
 // (waiting for the budget as uploads drain it) and staged is called after
-// the last one; each upload holds its staged pages until its Put returns.
-func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.GlobalPlan, data [][]byte, opts Options, stg *stager, staged func()) rankOutcome {
+// the last one; each upload holds its staged pages until its Put returns,
+// and starts once the gate opens.
+func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.GlobalPlan, data [][]byte, opts Options, stg *staging, staged func()) rankOutcome {
 	ro := rankOutcome{crcs: map[[2]int]uint32{}}
 	var mine []planner.RankWrites
 	for _, w := range gp.Writes {
@@ -462,13 +463,20 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 		}
 		body, release := parts, func() {}
 		if stg != nil {
-			if body, release, err = stg.stage(gctx, w.Size, parts); err != nil {
+			if body, release, err = stg.pool.stage(gctx, w.Size, parts, stg.gate); err != nil {
 				stageErr = fmt.Errorf("save rank %d: stage %s: %w", rank, st.URL(w.Object), err)
 				break
 			}
 		}
 		g.Go(func() error {
 			defer release()
+			if stg != nil {
+				// Uploads compete with staging for the processors: they wait
+				// until the save is staged, or staging waits for budget.
+				if err := stg.gate.wait(gctx); err != nil {
+					return fmt.Errorf("save rank %d: %s: %w", rank, st.URL(w.Object), err)
+				}
+			}
 			if err := uploads.Acquire(gctx, 1); err != nil {
 				return fmt.Errorf("save rank %d: %s: %w", rank, st.URL(w.Object), err)
 			}

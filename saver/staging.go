@@ -3,6 +3,7 @@ package saver
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -64,10 +65,39 @@ func (s *stager) share(concurrency int) int64 {
 	return max(s.page, s.budget/int64(max(concurrency, 1))/s.page*s.page)
 }
 
+// staging is one save's use of a pool: the pool and the gate its uploads
+// wait behind.
+type staging struct {
+	pool *stager
+	gate *uploadGate
+}
+
+// uploadGate holds a save's uploads back while its staging copies (both
+// compete for the processors, and the copy is what blocks the caller): it
+// opens when the save is staged, or as soon as staging has to wait for
+// budget that only uploads can free.
+type uploadGate struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func newUploadGate() *uploadGate { return &uploadGate{ch: make(chan struct{})} }
+
+func (g *uploadGate) open() { g.once.Do(func() { close(g.ch) }) }
+
+func (g *uploadGate) wait(ctx context.Context) error {
+	select {
+	case <-g.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // stage copies parts (size bytes in all) into pages of the pool, waiting
-// for the budget while other objects hold it, and returns the copy and the
-// function that gives its pages back.
-func (s *stager) stage(ctx context.Context, size int64, parts [][]byte) ([][]byte, func(), error) {
+// for the budget while other objects hold it (opening gate first), and
+// returns the copy and the function that gives its pages back.
+func (s *stager) stage(ctx context.Context, size int64, parts [][]byte, gate *uploadGate) ([][]byte, func(), error) {
 	if size > s.budget {
 		return nil, nil, fmt.Errorf("%w: object of %d bytes, budget %d bytes; raise the staging budget", ErrStagingTooSmall, size, s.budget)
 	}
@@ -75,8 +105,11 @@ func (s *stager) stage(ctx context.Context, size int64, parts [][]byte) ([][]byt
 	if n == 0 {
 		return nil, func() {}, nil
 	}
-	if err := s.sem.Acquire(ctx, n); err != nil {
-		return nil, nil, err
+	if !s.sem.TryAcquire(n) {
+		gate.open()
+		if err := s.sem.Acquire(ctx, n); err != nil {
+			return nil, nil, err
+		}
 	}
 	pages := s.take(int(n))
 	held := s.held.Add(n * s.page)
@@ -86,18 +119,7 @@ func (s *stager) stage(ctx context.Context, size int64, parts [][]byte) ([][]byt
 			break
 		}
 	}
-	// Copy the parts back to back over the pages.
-	pi, off := 0, 0
-	for _, b := range parts {
-		for len(b) > 0 {
-			c := copy(pages[pi][off:], b)
-			b = b[c:]
-			off += c
-			if off == len(pages[pi]) {
-				pi, off = pi+1, 0
-			}
-		}
-	}
+	copyParallel(pages, parts, s.page, size)
 	body := slices.Clone(pages)
 	body[n-1] = body[n-1][:size-(n-1)*s.page]
 	var once sync.Once
@@ -109,6 +131,53 @@ func (s *stager) stage(ctx context.Context, size int64, parts [][]byte) ([][]byt
 		})
 	}
 	return body, release, nil
+}
+
+// parallelCopyBytes is the object size from which staging copies with
+// several goroutines (one per processor): the copy is the caller's stall.
+const parallelCopyBytes = 8 << 20
+
+// copyParallel copies parts back to back over pages (of page bytes each),
+// split over up to GOMAXPROCS goroutines by whole pages.
+func copyParallel(pages, parts [][]byte, page, size int64) {
+	workers := min(int64(runtime.GOMAXPROCS(0)), (size+parallelCopyBytes-1)/parallelCopyBytes)
+	if workers <= 1 {
+		copyRange(pages, parts, page, 0, size)
+		return
+	}
+	per := (int64(len(pages)) + workers - 1) / workers * page
+	var wg sync.WaitGroup
+	for lo := int64(0); lo < size; lo += per {
+		wg.Go(func() { copyRange(pages, parts, page, lo, min(lo+per, size)) })
+	}
+	wg.Wait()
+}
+
+// copyRange copies bytes [lo, hi) of the parts' concatenation to the same
+// offsets of the pages' concatenation (lo a multiple of page).
+func copyRange(pages, parts [][]byte, page, lo, hi int64) {
+	pi, off := lo/page, int64(0)
+	var start int64 // offset of parts[0] in the concatenation
+	for _, b := range parts {
+		end := start + int64(len(b))
+		if end <= lo || len(b) == 0 {
+			start = end
+			continue
+		}
+		if start >= hi {
+			return
+		}
+		b = b[max(lo-start, 0):min(int64(len(b)), hi-start)]
+		for len(b) > 0 {
+			c := copy(pages[pi][off:], b)
+			b = b[c:]
+			off += int64(c)
+			if off == page {
+				pi, off = pi+1, 0
+			}
+		}
+		start = end
+	}
 }
 
 // take returns n pages from the free list, allocating the missing ones (the
