@@ -93,6 +93,7 @@ type Handle struct {
 	done   chan struct{}
 	start  time.Time
 	stall  time.Duration // set before SaveAsync returns the handle
+	waited time.Duration // the part of stall spent waiting for the previous save
 	res    *Result
 	err    error
 	end    time.Time
@@ -143,6 +144,10 @@ func (h *Handle) Wait(ctx context.Context) (*Result, error) {
 // waiting for the previous save, planning and staging.
 func (h *Handle) Stall() time.Duration { return h.stall }
 
+// Waited is the part of Stall spent waiting for the previous save to
+// commit (the rest is planning and staging).
+func (h *Handle) Waited() time.Duration { return h.waited }
+
 // Elapsed is the save's wall time from its start to its commit or failure
 // (up to now while it runs).
 func (h *Handle) Elapsed() time.Duration {
@@ -182,6 +187,7 @@ func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*R
 		return nil, err
 	}
 	h := newHandle(t0)
+	h.waited = time.Since(t0)
 	stg := &staging{pool: s.stg, gate: h.gate}
 	s.mu.Lock()
 	s.cur = h
