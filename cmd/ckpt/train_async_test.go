@@ -72,7 +72,7 @@ func startCkpt(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.B
 }
 
 // waitCommitted waits until a checkpoint under run is committed.
-func waitCommitted(t *testing.T, run string) {
+func waitCommitted(t *testing.T, run string, stderr *bytes.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
@@ -81,7 +81,7 @@ func waitCommitted(t *testing.T, run string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatal("no checkpoint was committed")
+	t.Fatalf("no checkpoint was committed under %s; stderr: %s", run, stderr)
 }
 
 func exitStatus(t *testing.T, cmd *exec.Cmd) int {
@@ -101,9 +101,11 @@ func exitStatus(t *testing.T, cmd *exec.Cmd) int {
 func TestTrainSIGTERMSavesTheCurrentStep(t *testing.T) {
 	dir := t.TempDir()
 	run := filepath.Join(dir, "run")
-	cmd, out, errb := startCkpt(t, "train", "--json", "--seed", "7", // the seed of trainJSON "--url", run, "--state-size", "48MiB",
+	// Seed 7, the seed of trainJSON, which runs the resume and the
+	// reference below.
+	cmd, out, errb := startCkpt(t, "train", "--json", "--seed", "7", "--url", run, "--state-size", "48MiB",
 		"--steps", "100000", "--save-every", "4", "--async", "--staging-bytes", "16MiB")
-	waitCommitted(t, run)
+	waitCommitted(t, run, errb)
 	time.Sleep(30 * time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 143, exitStatus(t, cmd), errb.String())
@@ -136,7 +138,7 @@ func TestTrainSecondSignalAborts(t *testing.T) {
 	run := filepath.Join(t.TempDir(), "run")
 	cmd, _, errb := startCkpt(t, "train", "--seed", "3", "--url", run, "--state-size", "96MiB",
 		"--steps", "100000", "--save-every", "2", "--async", "--staging-bytes", "8MiB")
-	waitCommitted(t, run)
+	waitCommitted(t, run, errb)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	time.Sleep(5 * time.Millisecond)
 	t0 := time.Now()
