@@ -4,7 +4,8 @@
 //
 // Exit codes follow the error's ckpterr class: 0 success, 1 bad checkpoint,
 // 2 usage, 3 not found, 4 access, 5 transient, 6 conflict, 7 unsupported,
-// 10 internal, 130 interrupted (see README.md, "Exit codes").
+// 10 internal, 130 interrupted (143 for SIGTERM; see signals.go and
+// README.md, "Exit codes").
 package main
 
 import (
@@ -70,7 +71,15 @@ func exitCode(err error) int {
 }
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	// SIGINT/SIGTERM cancel every command's context; the exit code is then
+	// 130/143 (see signals.go).
+	os.Exit(runMain(os.Args[1:]))
+}
+
+// runMain is main without the exit: run under the process's interrupt.
+func runMain(args []string) int {
+	ctx, in := withInterrupt(context.Background(), os.Stderr)
+	return in.stop(run(ctx, args, os.Stdout, os.Stderr))
 }
 
 // run executes the ckpt command line args and returns the exit code.

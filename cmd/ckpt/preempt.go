@@ -22,14 +22,23 @@ type preemption struct {
 	stop      func()
 }
 
-// watchPreemption returns ctx's child that the second signal cancels and
-// the watcher; stop ends the watch (signals then take their default
-// action again, or the root command's handling).
+// watchPreemption returns ctx's child that a second signal cancels and
+// the watcher; stop ends the watch. Under main's interrupt (signals.go),
+// train claims the first signal and the interrupt exits at the second;
+// without one (run called in-process) it watches the signals itself.
 func watchPreemption(ctx context.Context) (context.Context, *preemption) {
 	ctx, cancel := context.WithCancel(ctx)
 	p := &preemption{requested: make(chan struct{})}
+	if in := interruptOf(ctx); in != nil {
+		release := in.claimFirst(func(s os.Signal) { p.first(s) })
+		p.stop = func() {
+			release()
+			cancel()
+		}
+		return ctx, p
+	}
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(ch, interruptSignals...)
 	done := make(chan struct{})
 	go func() {
 		for {
@@ -113,14 +122,4 @@ func (e *preemptedError) ExitCode() int {
 		return 128 + int(s)
 	}
 	return 130
-}
-
-func signalName(s os.Signal) string {
-	switch s {
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	case syscall.SIGINT:
-		return "SIGINT"
-	}
-	return fmt.Sprint(s)
 }

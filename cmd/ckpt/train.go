@@ -10,6 +10,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
@@ -90,8 +91,8 @@ committed.`,
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
 	fl.BoolVar(&f.noLoadOptim, "no-load-optim", false, "do not load optimizer state on resume (iteration and scheduler are still restored)")
 	fl.BoolVar(&f.async, "async", false, "save in the background, within the --staging-bytes budget")
-	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter")
-	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once")
+	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter; "+bytesize.Rule)
+	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once; "+bytesize.Rule)
 	fl.DurationVar(&f.preemptGrace, "preempt-grace", 30*time.Second, "on SIGTERM/SIGINT, how long the in-flight save may take to commit")
 	return cmd
 }
@@ -100,11 +101,11 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.steps < 0 || f.saveEvery < 0 || f.ranks < 1 {
 		return usage(fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1"))
 	}
-	stateSize, err := parseSize(f.stateSize)
+	stateSize, err := bytesize.Parse(f.stateSize)
 	if err != nil {
 		return usage(fmt.Errorf("--state-size: %w", err))
 	}
-	stagingBytes, err := parseSize(f.stagingBytes)
+	stagingBytes, err := bytesize.Parse(f.stagingBytes)
 	if err != nil {
 		return usage(fmt.Errorf("--staging-bytes: %w", err))
 	}
@@ -122,7 +123,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res := trainResult{Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
-		entry, skipped, err := catalog.Latest(ctx, run, false)
+		// Latest opens the newest valid checkpoint and reads its metadata
+		// once; the load below reads through that same opened checkpoint.
+		found, skipped, err := catalog.Latest(ctx, run, false)
 		for _, s := range skipped {
 			logf("skipping %s: %s", s.Entry.URL, s.Reason)
 		}
@@ -139,29 +142,26 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		case err != nil:
 			return err
 		default:
-			st, err := run.Sub(entry.Name)
-			if err != nil {
-				return err
-			}
+			c := found.Checkpoint
 			withOptim := !f.noLoadOptim
 			targets := tr.LoadTargets(f.ranks, withOptim)
-			rep, err := loader.Load(ctx, st, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
+			rep, err := c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
 			if err != nil {
 				return bad(fmt.Errorf("resume: %w", err))
 			}
 			if err := tr.Restore(targets, rep.Iteration, rep.LazyParams, rep.OptimizerLoaded); err != nil {
-				return bad(fmt.Errorf("resume from %s: %w", st, err))
+				return bad(fmt.Errorf("resume from %s: %w", c.URL(), err))
 			}
 			step := rep.Iteration
-			res.ResumedFrom, res.ResumedURL = &step, st.String()
+			res.ResumedFrom, res.ResumedURL = &step, c.URL()
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
-			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", st, step, rep.LazyKeys)
+			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
 		}
 	}
 
 	ckp, err := newCheckpointer(run, f, stagingBytes, func(step int64) saver.Options {
-		return saver.Options{Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true}
+		return saver.Options{Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true, Params: tr.Trainable()}
 	}, logf)
 	if err != nil {
 		return err
@@ -229,4 +229,12 @@ func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *chec
 		return pe
 	}
 	return ckp.finish(ctx)
+}
+
+// lastSaved says which checkpoint an interrupted run can resume from.
+func lastSaved(saved []string) string {
+	if len(saved) == 0 {
+		return "no checkpoint saved by this run"
+	}
+	return "last checkpoint saved: " + saved[len(saved)-1]
 }

@@ -48,13 +48,13 @@ func TestTrainAsyncIsBitIdentical(t *testing.T) {
 	require.Equal(t, sync.WeightsSHA256, resumed.WeightsSHA256)
 }
 
-// runMainEnv makes the test binary run the ckpt command line it is given
-// (the child of the signal tests).
+// runMainEnv makes the test binary run the ckpt command line it is given,
+// as main does (the child of the signal tests).
 const runMainEnv = "CKPT_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(runMainEnv) == "1" {
-		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(runMain(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }

@@ -17,7 +17,10 @@ func Format() metadata.Format {
 			EncodingBytes:  decodeBytesItem,
 		},
 		Complete: func(c *metadata.Checkpoint, read metadata.ItemReader) error {
-			_, err := FillIteration(c, ItemReader(read))
+			if _, err := FillIteration(c, ItemReader(read)); err != nil {
+				return err
+			}
+			_, err := FillParams(c, ItemReader(read))
 			return err
 		},
 	}

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -72,15 +73,13 @@ func runAsyncPhase(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	size, err := parseSize(*sizeS)
+	size, err := positiveSize(*sizeS)
 	if err != nil {
 		return err
 	}
-	var budget int64
-	if *budgetS != "0" {
-		if budget, err = parseSize(*budgetS); err != nil {
-			return err
-		}
+	budget, err := bytesize.Parse(*budgetS)
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	specs := modelSpec(size)
