@@ -208,6 +208,11 @@ func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *chec
 	ctx, pre := watchPreemption(ctx)
 	defer pre.stop()
 	for tr.Iteration() < f.steps && !pre.pending() {
+		if err := ctx.Err(); err != nil {
+			// A signal that came before train claimed it (or the caller's
+			// cancellation): stop without saving.
+			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(ckp.checkpoints), context.Cause(ctx))
+		}
 		loss := tr.Step()
 		step := tr.Iteration()
 		res.Loss = loss
