@@ -171,12 +171,11 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res.SaveSeconds = ckp.saveTime.Seconds()
 	res.SaveStallSeconds = ckp.stall.Seconds()
 	res.StagingPeakBytes = ckp.stagingPeak()
+	// A preempted run still reports (its error, printed by run, says where
+	// the current step was saved).
 	var pe *preemptedError
 	if errors.As(loopErr, &pe) {
 		res.Preempted = signalName(pe.sig)
-		if pe.saved != "" {
-			fmt.Fprintf(cmd.ErrOrStderr(), "ckpt train: %s: step %d saved to %s\n", res.Preempted, pe.step, pe.saved)
-		}
 	} else if loopErr != nil {
 		return loopErr
 	}
@@ -212,6 +211,9 @@ func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *chec
 			// A signal that came before train claimed it (or the caller's
 			// cancellation): stop without saving.
 			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(ckp.checkpoints), context.Cause(ctx))
+		}
+		if err := ckp.poll(ctx); err != nil {
+			return err
 		}
 		loss := tr.Step()
 		step := tr.Iteration()

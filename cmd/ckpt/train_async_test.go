@@ -115,7 +115,7 @@ func TestTrainSIGTERMSavesTheCurrentStep(t *testing.T) {
 	require.Equal(t, "SIGTERM", res.Preempted)
 	require.Less(t, res.Step, int64(100000))
 	want := filepath.Join(run, catalog.StepName(res.Step))
-	require.Contains(t, errb.String(), "SIGTERM: step "+strconv.FormatInt(res.Step, 10)+" saved to file://"+want)
+	require.Contains(t, errb.String(), "SIGTERM at step "+strconv.FormatInt(res.Step, 10)+": saved file://"+want)
 	require.Equal(t, "file://"+want, res.Checkpoints[len(res.Checkpoints)-1])
 
 	ctx := context.Background()

@@ -97,6 +97,20 @@ func (c *checkpointer) saveSync(ctx context.Context, tr *trainer.Trainer) error 
 	return nil
 }
 
+// poll records the in-flight save's outcome if it has ended (a failure
+// ends the training now rather than at the next save).
+func (c *checkpointer) poll(ctx context.Context) error {
+	if c.inflight == nil {
+		return nil
+	}
+	select {
+	case <-c.inflight.Done():
+		return c.collect(ctx)
+	default:
+		return nil
+	}
+}
+
 // collect waits for the in-flight save and records its outcome.
 func (c *checkpointer) collect(ctx context.Context) error {
 	h, step := c.inflight, c.inflightStep
