@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -96,12 +94,7 @@ func runAsyncPhase(args []string) error {
 		}
 		res.BudgetBytes = budget
 	}
-	runtime.GC()
-	debug.FreeOSMemory()
-	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
-		return fmt.Errorf("reset peak RSS: %w", err)
-	}
-	if res.BaseRSS, err = procStatusKB("VmRSS"); err != nil {
+	if res.BaseRSS, err = resetPeakRSS(); err != nil {
 		return err
 	}
 	var prev *saver.Handle
@@ -220,20 +213,8 @@ func subPath(raw, name string) string {
 // asyncPhase runs one async-phase subprocess and decodes its result.
 func asyncPhase(ctx context.Context, args ...string) (asyncPhaseResult, error) {
 	var r asyncPhaseResult
-	exe, err := os.Executable()
-	if err != nil {
-		return r, fmt.Errorf("find own executable: %w", err)
-	}
-	cmd := exec.CommandContext(ctx, exe, append([]string{"async-phase"}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return r, fmt.Errorf("async-phase %v: %w: %s", args, err, strings.TrimSpace(errb.String()))
-	}
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		return r, fmt.Errorf("async-phase %v output %q: %w", args, out.String(), err)
-	}
-	return r, nil
+	err := runPhase(ctx, nil, append([]string{"async-phase"}, args...), &r)
+	return r, err
 }
 
 // benchAsync measures figure 7: sync vs async saves of a cfg.size state,
