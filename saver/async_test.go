@@ -24,8 +24,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	_ "github.com/ckptkit/ckptkit/backend/s3"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/coordinator"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"
@@ -298,15 +300,24 @@ func sampleRSS(t testing.TB) (stop func() int64) {
 // A state four times the staging budget, with tensors bigger than the
 // budget: it is staged in pieces, loads back bit-exactly, and the process
 // never holds more than budget + 64 MiB above the state (RSS, sampled
-// every millisecond), also over consecutive saves.
+// every millisecond), also over consecutive saves; on the filesystem and
+// on the S3 test server (whose objects stay within one part, so the SDK
+// streams the staged pages instead of buffering parts).
 func TestAsyncBudgetSmallerThanState(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("RSS from /proc")
 	}
+	t.Run("fs", func(t *testing.T) { budgetSmallerThanState(t, store(t)) })
+	t.Run("s3", func(t *testing.T) {
+		root := storetest.Open(t, storetest.TestURL(t, "CKPTKIT_TEST_S3_URL"))
+		budgetSmallerThanState(t, storetest.Scratch(t, root))
+	})
+}
+
+func budgetSmallerThanState(t *testing.T, run *backend.Store) {
 	ctx := context.Background()
-	run := store(t)
 	const budget = 16 << 20
-	sd := bigState(2, 40<<20, 20<<20, 1<<20) // ~68 MiB
+	sd := bigState(2, 40<<20, 20<<20, 1<<20) // ~70 MiB
 	want := snapshot(sd)
 	s := newSaver(t, budget)
 
@@ -325,8 +336,8 @@ func TestAsyncBudgetSmallerThanState(t *testing.T) {
 	}
 	peak := stop()
 	above := peak - base
-	t.Logf("state %d MiB, budget %d MiB: peak RSS %d MiB above the state, staging peak %d MiB, pool %d MiB",
-		stateBytes(sd)>>20, budget>>20, above>>20, s.Stats().PeakBytes>>20, s.Stats().PoolBytes>>20)
+	t.Logf("%s: state %d MiB, budget %d MiB: peak RSS %d MiB above the state, staging peak %d MiB, pool %d MiB, %d objects",
+		run, stateBytes(sd)>>20, budget>>20, above>>20, s.Stats().PeakBytes>>20, s.Stats().PoolBytes>>20, len(last.Metadata.Objects))
 	require.LessOrEqual(t, above, int64(budget+64<<20))
 	require.LessOrEqual(t, s.Stats().PeakBytes, int64(budget))
 	require.LessOrEqual(t, s.Stats().PoolBytes, int64(budget))
@@ -343,6 +354,36 @@ func TestAsyncBudgetSmallerThanState(t *testing.T) {
 	require.Equal(t, 4, chunks["model.wide"], "rows larger than the share (4 MiB) are cut along the next dimension")
 	st, _ := run.Sub("step-2")
 	require.Equal(t, want, loadAll(t, st, sd))
+}
+
+// multipartCaps reports a multipart backend with small parts.
+type multipartCaps struct {
+	backend.Driver
+	part int64
+}
+
+func (m multipartCaps) Capabilities() backend.Capabilities {
+	c := m.Driver.Capabilities()
+	c.Multipart, c.PartSize, c.Concurrency = true, m.part, 4
+	return c
+}
+
+// On a multipart backend a staged save's objects stay within one part,
+// so the backend's SDK never buffers parts of its own beside the budget.
+func TestAsyncObjectsFitOnePart(t *testing.T) {
+	ctx := context.Background()
+	st := store(t)
+	const part = 2 << 20
+	mp := st.WithDriver(multipartCaps{Driver: st.Driver(), part: part})
+	sd := bigState(3, 9<<20, 64)
+	h, err := newSaver(t, 64<<20).SaveLocalAsync(ctx, mp, []*statedict.StateDict{sd}, saver.Options{})
+	require.NoError(t, err)
+	res, err := h.Wait(ctx)
+	require.NoError(t, err)
+	for _, o := range res.Metadata.Objects {
+		require.LessOrEqual(t, o.Size, int64(part), o.Key)
+	}
+	require.Equal(t, snapshot(sd), loadAll(t, st, sd))
 }
 
 func stateBytes(sd *statedict.StateDict) int64 {

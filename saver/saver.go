@@ -309,6 +309,16 @@ func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 		// Objects of at most a writer's share of the budget, so each can
 		// stay staged until its Put returns (a retry rewinds it).
 		share := stg.pool.share(opts.Concurrency)
+		if caps := st.Capabilities(); caps.Multipart {
+			// An object store's SDK may hold a copy of a request body (a
+			// part buffer, a chunk, a body kept for signing): objects stay
+			// within one part, and each upload reserves its size again
+			// from the budget (see writeRank), so half of it at most.
+			share = min(share, stg.pool.budget/2)
+			if caps.PartSize > 0 {
+				share = min(share, caps.PartSize)
+			}
+		}
 		if opts.MaxObjectBytes <= 0 || opts.MaxObjectBytes > share {
 			opts.MaxObjectBytes = share
 		}
@@ -460,6 +470,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 	// The whole-object CRC costs a second pass over the bytes; only
 	// backends that verify it server-side get one.
 	objectCRC := st.Capabilities().ServerCRC32C
+	sdkCopy := st.Capabilities().Multipart // the upload may be copied once more
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(cctx)
@@ -473,7 +484,11 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 		}
 		body, release := parts, func() {}
 		if stg != nil {
-			if body, release, err = stg.pool.stage(gctx, w.Size, parts, stg.gate); err != nil {
+			var reserve int64
+			if sdkCopy {
+				reserve = w.Size
+			}
+			if body, release, err = stg.pool.stage(gctx, w.Size, reserve, parts, stg.gate); err != nil {
 				stageErr = fmt.Errorf("save rank %d: stage %s: %w", rank, st.URL(w.Object), err)
 				break
 			}

@@ -96,18 +96,21 @@ func (g *uploadGate) wait(ctx context.Context) error {
 
 // stage copies parts (size bytes in all) into pages of the pool, waiting
 // for the budget while other objects hold it (opening gate first), and
-// returns the copy and the function that gives its pages back.
-func (s *stager) stage(ctx context.Context, size int64, parts [][]byte, gate *uploadGate) ([][]byte, func(), error) {
-	if size > s.budget {
-		return nil, nil, fmt.Errorf("%w: object of %d bytes, budget %d bytes; raise the staging budget", ErrStagingTooSmall, size, s.budget)
+// returns the copy and the function that gives its pages back. reserve
+// more bytes of the budget are held with the pages but not allocated:
+// room for a copy the backend makes of the body.
+func (s *stager) stage(ctx context.Context, size, reserve int64, parts [][]byte, gate *uploadGate) ([][]byte, func(), error) {
+	if size+reserve > s.budget {
+		return nil, nil, fmt.Errorf("%w: object of %d bytes (+%d reserved for the backend's copy), budget %d bytes; raise the staging budget", ErrStagingTooSmall, size, reserve, s.budget)
 	}
 	n := (size + s.page - 1) / s.page
 	if n == 0 {
 		return nil, func() {}, nil
 	}
-	if !s.sem.TryAcquire(n) {
+	units := n + (reserve+s.page-1)/s.page
+	if !s.sem.TryAcquire(units) {
 		gate.open()
-		if err := s.sem.Acquire(ctx, n); err != nil {
+		if err := s.sem.Acquire(ctx, units); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -127,7 +130,7 @@ func (s *stager) stage(ctx context.Context, size int64, parts [][]byte, gate *up
 		once.Do(func() {
 			s.give(pages)
 			s.held.Add(-n * s.page)
-			s.sem.Release(n)
+			s.sem.Release(units)
 		})
 	}
 	return body, release, nil

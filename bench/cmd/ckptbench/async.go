@@ -72,6 +72,9 @@ func runAsyncPhase(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *rawURL == "" {
+		return fmt.Errorf("async-phase: -url is required: %w", errUsage)
+	}
 	size, err := positiveSize(*sizeS)
 	if err != nil {
 		return err
