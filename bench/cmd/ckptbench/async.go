@@ -214,9 +214,9 @@ func subPath(raw, name string) string {
 }
 
 // asyncPhase runs one async-phase subprocess and decodes its result.
-func asyncPhase(ctx context.Context, args ...string) (asyncPhaseResult, error) {
+func asyncPhase(ctx context.Context, env []string, args ...string) (asyncPhaseResult, error) {
 	var r asyncPhaseResult
-	err := runPhase(ctx, nil, append([]string{"async-phase"}, args...), &r)
+	err := runPhase(ctx, env, append([]string{"async-phase"}, args...), &r)
 	return r, err
 }
 
@@ -238,8 +238,19 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 	}
 	var rows []Row
 	for _, tg := range targets {
-		budgets := []string{"0", strconv.FormatInt(256*mib, 10)} // state+1MiB, then a budget below the state
-		sync, err := asyncPhase(ctx, "-mode", "sync", "-url", subPath(tg.url, "sync"), "-size", sz, "-keep-last", "1")
+		// state+1MiB, then a budget below the state; on an object store also
+		// that one with GOMEMLIMIT at state + budget + 64 MiB, which makes
+		// the GC collect the SDK's per-request garbage in time.
+		type variant struct {
+			budget int64
+			env    []string
+		}
+		below := int64(256 * mib)
+		variants := []variant{{0, nil}, {below, nil}}
+		if tg.label != "fs" {
+			variants = append(variants, variant{below, []string{fmt.Sprintf("GOMEMLIMIT=%dMiB", (specBytes(modelSpec(cfg.size))+below)/mib+64)}})
+		}
+		sync, err := asyncPhase(ctx, nil, "-mode", "sync", "-url", subPath(tg.url, "sync"), "-size", sz, "-keep-last", "1")
 		if err != nil {
 			return nil, err
 		}
@@ -247,8 +258,9 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 		syncSave := newStat(sync.Save)
 		rows = append(rows, Row{Figure: fmt.Sprintf("%s sync save (%s, 5 saves)", tg.label, humanBytes(sync.StateBytes)), Unit: "s", Value: statp(syncSave),
 			Goal: "-", Note: fmt.Sprintf("stall = save time; %d objects; peak RSS above state %d MiB; training step between saves %.2f s", sync.Objects, (sync.PeakRSS-sync.BaseRSS)/mib, newStat(sync.Step).Median)})
-		for _, b := range budgets {
-			a, err := asyncPhase(ctx, "-mode", "async", "-url", subPath(tg.url, "async-"+b), "-size", sz, "-budget", b, "-keep-last", "1")
+		for vi, v := range variants {
+			b := strconv.FormatInt(v.budget, 10)
+			a, err := asyncPhase(ctx, v.env, "-mode", "async", "-url", subPath(tg.url, fmt.Sprintf("async-%d", vi)), "-size", sz, "-budget", b, "-keep-last", "1")
 			if err != nil {
 				return nil, err
 			}
@@ -256,6 +268,9 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 			stall, save := newStat(a.Stall), newStat(a.Save)
 			ratio := newStat(divAll(a.Stall, syncSave.Median))
 			name := fmt.Sprintf("%s async, budget %s", tg.label, humanBytes(a.BudgetBytes))
+			if len(v.env) > 0 {
+				name += ", " + strings.Join(v.env, " ")
+			}
 			goal, met := "-", (*bool)(nil)
 			if tg.label == "fs" && a.BudgetBytes >= a.StateBytes {
 				goal, met = "<= 0.1x", boolp(ratio.Median <= 0.1)
@@ -274,7 +289,7 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 	// 100 consecutive async saves: RSS after each commit must not grow.
 	const n = 100
 	small := max(cfg.size/16, 16*mib)
-	a, err := asyncPhase(ctx, "-mode", "async", "-url", filepath.Join(cfg.work, "async-100"), "-size", strconv.FormatInt(small, 10),
+	a, err := asyncPhase(ctx, nil, "-mode", "async", "-url", filepath.Join(cfg.work, "async-100"), "-size", strconv.FormatInt(small, 10),
 		"-budget", strconv.FormatInt(small/4, 10), "-saves", strconv.Itoa(n), "-keep-last", "1", "-settle")
 	if err != nil {
 		return nil, err
