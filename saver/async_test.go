@@ -163,16 +163,15 @@ func TestAsyncSavePerRankSavers(t *testing.T) {
 	want := snapshot(sds[0])
 	coords := coordinator.NewLocal(len(sds))
 	handles := make([]*saver.Handle, len(sds))
+	errs := make([]error, len(sds))
 	var wg sync.WaitGroup
 	for r := range sds {
-		wg.Go(func() {
-			h, err := newSaver(t, saver.MinStagingBytes).SaveAsync(ctx, st, coords[r], sds[r], saver.Options{Iteration: 2})
-			require.NoError(t, err)
-			handles[r] = h
-		})
+		s := newSaver(t, saver.MinStagingBytes)
+		wg.Go(func() { handles[r], errs[r] = s.SaveAsync(ctx, st, coords[r], sds[r], saver.Options{Iteration: 2}) })
 	}
 	wg.Wait()
-	for _, h := range handles {
+	for r, h := range handles {
+		require.NoError(t, errs[r])
 		_, err := h.Wait(ctx)
 		require.NoError(t, err)
 	}
