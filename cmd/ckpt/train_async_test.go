@@ -154,3 +154,17 @@ func TestTrainSecondSignalAborts(t *testing.T) {
 	}
 	require.True(t, strings.Contains(errb.String(), "SIGINT"), errb.String())
 }
+
+// Bad sizes are usage errors (exit 2), before anything is trained.
+func TestTrainAsyncFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errs := ckpt(t, "train", "--url", dir, "--state-size", "lots")
+	require.Equal(t, 2, code, errs)
+	require.Contains(t, errs, "--state-size")
+	code, _, errs = ckpt(t, "train", "--url", dir, "--async", "--staging-bytes", "1000")
+	require.Equal(t, 2, code, errs)
+	require.Contains(t, errs, "staging budget")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing was saved")
+}
