@@ -150,26 +150,20 @@ func (p *progress) eta(done, total int64, now time.Time) string {
 }
 
 // finish ends the bar (it is cleared from the terminal).
-func (p *progress) finish() {
-	if p == nil {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.bar != nil {
-		_ = p.bar.Finish()
-	}
-}
+func (p *progress) finish() { p.onBar((*progressbar.ProgressBar).Finish) }
 
 // clear erases the bar from the terminal until the next update.
-func (p *progress) clear() {
+func (p *progress) clear() { p.onBar((*progressbar.ProgressBar).Clear) }
+
+// onBar calls f on the bar, if one is drawn.
+func (p *progress) onBar(f func(*progressbar.ProgressBar) error) {
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.bar != nil {
-		_ = p.bar.Clear()
+		_ = f(p.bar)
 	}
 }
 
