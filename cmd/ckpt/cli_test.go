@@ -105,6 +105,19 @@ func TestMissingPathIsNotFound(t *testing.T) {
 			require.NotContains(t, out+errs, "uncommitted")
 		}
 	}
+	step := filepath.Join(dir, "run", "step-00000003")
+	typo := filepath.Join(dir, "run", "step-0000003")
+	for _, args := range [][]string{
+		{"copy", typo, filepath.Join(dir, "dst")},
+		{"diff", step, typo},
+		{"convert", typo, filepath.Join(dir, "st"), "--to", "safetensors"},
+		{"gc", filepath.Join(dir, "run-typo"), "--keep-last", "1"},
+	} {
+		code, out, errs := ckpt(t, args...)
+		require.Equal(t, 3, code, "%v: %s%s", args, out, errs)
+		require.Contains(t, errs, "no such path: ")
+	}
+
 	code, out, _ := ckpt(t, "ls", "--json", filepath.Join(dir, "run-typo"))
 	require.Equal(t, 3, code)
 	d := validDocument(t, out)
@@ -250,4 +263,15 @@ func TestLatestWithoutAValidCheckpoint(t *testing.T) {
 	code, out, _ = ckpt(t, "latest", "--json", run)
 	require.Equal(t, 3, code, out)
 	require.Equal(t, "not-found", validDocument(t, out).Error.Class)
+}
+
+// The "no such path" check runs only after a command found nothing: the
+// inspect of a checkpoint stays one metadata read, no listing.
+func TestNoSuchPathCheckCostsNothingOnSuccess(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	trainJSON(t, run, "--steps", "3", "--save-every", "3")
+	code, _, errs := ckpt(t, "-vv", "inspect", filepath.Join(run, "step-00000003"))
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, 1, strings.Count(errs, `msg="storage request"`), errs)
+	require.Contains(t, errs, "op=read")
 }

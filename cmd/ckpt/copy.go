@@ -1,10 +1,12 @@
 package main
 
 import (
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/transfer"
 )
 
@@ -37,7 +39,7 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			src, err := openExisting(ctx, args[0])
+			src, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -52,6 +54,9 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 			opts.Progress = p.callback()
 			res, err := transfer.Copy(ctx, src, dst, opts)
 			p.finish()
+			if errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) {
+				return orNoSuchPath(ctx, src, err)
+			}
 			if err != nil {
 				return err
 			}

@@ -100,7 +100,7 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 			if p.Grace, err = parseDuration(grace); err != nil {
 				return usage(fmt.Errorf("--grace: %w", err))
 			}
-			run, err := openExisting(ctx, args[0])
+			run, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -109,6 +109,11 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 			plan, err := gc.PlanRun(ctx, run, p, deep, now)
 			if err != nil {
 				return err
+			}
+			if len(plan.Decisions) == 0 {
+				if err := orNoSuchPath(ctx, run, nil); err != nil {
+					return err
+				}
 			}
 			out := &gcOutput{URL: plan.Run, DryRun: dryRun, NewestValid: plan.NewestValid, Decisions: gcDecisions(plan.Decisions), Deletions: plan.Deletions, Bytes: plan.DeleteBytes}
 			if !asJSON {

@@ -21,7 +21,7 @@ import (
 // prefix, its newest committed valid checkpoint. resolved is the run URL in
 // the second case.
 func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, resolvedFrom string, err error) {
-	st, err := openExisting(ctx, rawURL)
+	st, err := openStore(ctx, rawURL)
 	if err != nil {
 		return nil, "", err
 	}
@@ -35,7 +35,7 @@ func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, r
 	found, _, lerr := catalog.Latest(ctx, st, false)
 	if lerr != nil {
 		if errors.Is(lerr, catalog.ErrNoCommittedCheckpoint) {
-			return nil, "", bad(err)
+			return nil, "", orNoSuchPath(ctx, st, bad(err))
 		}
 		return nil, "", lerr
 	}

@@ -51,7 +51,7 @@ no checkpoint under it is committed.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			run, err := openExisting(ctx, args[0])
+			run, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -75,6 +75,11 @@ no checkpoint under it is committed.`,
 			}
 			if err != nil && !errors.Is(err, catalog.ErrNoCommittedCheckpoint) {
 				return err
+			}
+			if err != nil && len(skipped) == 0 {
+				if perr := orNoSuchPath(ctx, run, nil); perr != nil {
+					return perr
+				}
 			}
 			if found != nil {
 				e := found.Entry

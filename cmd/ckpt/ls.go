@@ -58,7 +58,7 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			run, err := openExisting(ctx, args[0])
+			run, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -66,6 +66,11 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 			es, err := catalog.ListDetailed(ctx, run)
 			if err != nil {
 				return err
+			}
+			if len(es) == 0 {
+				if err := orNoSuchPath(ctx, run, nil); err != nil {
+					return err
+				}
 			}
 			if asJSON {
 				out := &lsOutput{URL: run.String(), Checkpoints: []checkpointJSON{}}

@@ -45,15 +45,13 @@ func requirePath(ctx context.Context, st *backend.Store) error {
 	return nil
 }
 
-// openExisting opens rawURL and checks that something is stored under it.
-func openExisting(ctx context.Context, rawURL string) (*backend.Store, error) {
-	st, err := openStore(ctx, rawURL)
-	if err != nil {
-		return nil, err
+// orNoSuchPath is what a command that found nothing to work on under st
+// returns: a *pathError when nothing at all is stored there, else err (a
+// storage error of the check wins over err). Commands call it only after
+// finding nothing, so the happy path costs no extra request.
+func orNoSuchPath(ctx context.Context, st *backend.Store, err error) error {
+	if perr := requirePath(ctx, st); perr != nil {
+		return perr
 	}
-	if err := requirePath(ctx, st); err != nil {
-		st.Close()
-		return nil, err
-	}
-	return st, nil
+	return err
 }

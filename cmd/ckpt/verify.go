@@ -52,7 +52,7 @@ Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			st, err := openExisting(ctx, args[0])
+			st, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -65,6 +65,12 @@ Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
 			p.finish()
 			if err != nil {
 				return err
+			}
+			if !rep.Resumable && len(rep.Problems) == 1 && rep.Problems[0].Rule == loader.RuleUncommitted {
+				// No metadata object: is anything stored there at all?
+				if err := orNoSuchPath(ctx, st, nil); err != nil {
+					return err
+				}
 			}
 			out := &verifyOutput{URL: rep.URL, Format: rep.Format, Version: rep.Version, Writer: rep.Writer, Iteration: rep.Iteration,
 				Deep: rep.Deep, Resumable: rep.Resumable, Problems: rep.Problems, Info: rep.Info, Bytes: rep.BytesChecked, LazyParams: rep.LazyParams}
