@@ -120,7 +120,7 @@ func List(ctx context.Context, run *backend.Store) ([]Entry, error) {
 					continue
 				}
 				if err != nil {
-					return fmt.Errorf("list run %s: %w", run, err)
+					return err // a Store error names the operation and the URL
 				}
 				e.Committed, e.Format, e.ModTime = true, f.Name, a.ModTime
 				return nil
@@ -166,7 +166,7 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("list run %s: %w", run, err)
+			return nil, err // a Store error names the operation and the URL
 		}
 	}
 	return out, nil
@@ -187,7 +187,7 @@ func steps(ctx context.Context, run *backend.Store) ([]Entry, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list run %s: %w", run, err)
+		return nil, err // a Store error names the operation and the URL
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Step < out[j].Step })
 	return out, nil

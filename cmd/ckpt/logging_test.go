@@ -104,3 +104,12 @@ func TestVerboseLogsRetries(t *testing.T) {
 	require.Equal(t, 5, code, errs)
 	require.Regexp(t, `level=DEBUG msg="storage retry" store=s3://bucket/run`, errs)
 }
+
+// A storage error names its URL once (catalog wrapped the Store's error,
+// which names it already, in "list run URL: ...").
+func TestStorageErrorNamesTheURLOnce(t *testing.T) {
+	u := slowDownS3(t)
+	code, _, errs := ckpt(t, "ls", u)
+	require.Equal(t, 5, code, errs)
+	require.Equal(t, 1, strings.Count(errs, "s3://bucket/run"), errs)
+}
