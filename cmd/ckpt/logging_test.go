@@ -113,3 +113,12 @@ func TestStorageErrorNamesTheURLOnce(t *testing.T) {
 	require.Equal(t, 5, code, errs)
 	require.Equal(t, 1, strings.Count(errs, "s3://bucket/run"), errs)
 }
+
+// An endpoint that cannot be reached: the error says to check it.
+func TestUnreachableEndpointSaysWhatToCheck(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "testtesttest")
+	code, _, errs := ckpt(t, "ls", "s3://bucket/run?endpoint=nohost.invalid:9&insecure=true&region=us-east-1")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errs, "check: the endpoint nohost.invalid:9 is reachable")
+}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -85,11 +87,12 @@ func (d *logDriver) Delete(ctx context.Context, key string) error {
 	return err
 }
 
-// storageHint says what to check after an access error on a cloud URL:
-// which credentials were found (never their values), the endpoint and the
-// region. It returns "" for other errors and schemes.
+// storageHint says what to check after a storage error on a cloud URL: for
+// an access error, which credentials were found (never their values), the
+// endpoint and the region; for a network error, the endpoint. It returns ""
+// for other errors and schemes.
 func storageHint(err error, rawURL string) string {
-	if ckpterr.ClassOf(err) != ckpterr.Access {
+	if err == nil {
 		return ""
 	}
 	u, perr := backend.ParseURL(rawURL)
@@ -97,6 +100,21 @@ func storageHint(err error, rawURL string) string {
 		return ""
 	}
 	q := u.Query()
+	var ne net.Error
+	if ckpterr.ClassOf(err) != ckpterr.Access {
+		if !errors.As(err, &ne) {
+			return ""
+		}
+		// The endpoint cannot be reached (DNS, refused, timeout).
+		switch u.Scheme {
+		case "s3":
+			return "check: the endpoint " + firstOf(q.Get("endpoint"), os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"), "of AWS S3") +
+				" is reachable (endpoint= in the URL, $AWS_ENDPOINT_URL_S3 or $AWS_ENDPOINT_URL; see `ckpt help urls`)"
+		case "gs":
+			return "check: the endpoint " + firstOf(os.Getenv("STORAGE_EMULATOR_HOST"), "of Google Cloud Storage") + " is reachable ($STORAGE_EMULATOR_HOST for an emulator; see `ckpt help env`)"
+		}
+		return ""
+	}
 	switch u.Scheme {
 	case "s3":
 		var found []string
