@@ -3,30 +3,32 @@ package backend
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // Portable error sentinels. Every error returned by a Store matches at most
 // one of them through errors.Is, whatever backend produced it.
 var (
 	// ErrNotFound: the object does not exist.
-	ErrNotFound = errors.New("object not found")
+	ErrNotFound = ckpterr.New(ckpterr.NotFound, "object not found")
 	// ErrAlreadyExists: a create-if-absent write lost to an existing object.
-	ErrAlreadyExists = errors.New("object already exists")
+	ErrAlreadyExists = ckpterr.New(ckpterr.Conflict, "object already exists")
 	// ErrPermission: the credentials do not allow the operation.
-	ErrPermission = errors.New("permission denied")
+	ErrPermission = ckpterr.New(ckpterr.Access, "permission denied")
 	// ErrUnsupported: the backend cannot perform the operation or option.
-	ErrUnsupported = errors.New("operation not supported by backend")
+	ErrUnsupported = ckpterr.New(ckpterr.Unsupported, "operation not supported by backend")
 	// ErrInvalidKey: the key is empty, absolute, holds NUL or tries to escape
 	// its prefix with "..". Raised before any driver sees the key.
-	ErrInvalidKey = errors.New("invalid object key")
+	ErrInvalidKey = ckpterr.New(ckpterr.Usage, "invalid object key")
 	// ErrSizeMismatch: a write delivered a different number of bytes than it
 	// declared; nothing was published.
-	ErrSizeMismatch = errors.New("written size does not match declared size")
+	ErrSizeMismatch = ckpterr.New(ckpterr.BadCheckpoint, "written size does not match declared size")
 	// ErrTransient: a failure that may succeed when retried (5xx, throttling,
 	// connection reset). Errors not matching it are permanent.
-	ErrTransient = errors.New("transient backend failure")
+	ErrTransient = ckpterr.New(ckpterr.Transient, "transient backend failure")
 	// ErrUnknownScheme: no driver is registered for the URL's scheme.
-	ErrUnknownScheme = errors.New("unknown URL scheme")
+	ErrUnknownScheme = ckpterr.New(ckpterr.Usage, "unknown URL scheme")
 )
 
 // Code classifies a driver error. Drivers map their native errors to a Code
@@ -67,6 +69,19 @@ func (c Code) Sentinel() error {
 		return ErrTransient
 	}
 	return nil
+}
+
+// Class returns the ckpterr class of c: the class of its sentinel,
+// Canceled for CodeCanceled, Internal for CodeUnknown. The plugin protocol
+// carries codes, so this mapping is also how a class crosses it.
+func (c Code) Class() ckpterr.Class {
+	if c == CodeCanceled {
+		return ckpterr.Canceled
+	}
+	if s, ok := c.Sentinel().(*ckpterr.Sentinel); ok {
+		return s.Class()
+	}
+	return ckpterr.Internal
 }
 
 // String names the code.
@@ -133,11 +148,16 @@ func (e *Error) Error() string {
 // reachable through errors.Is/As.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is matches the sentinel of the error's code.
+// Is matches the sentinel of the error's code and, through it, the
+// sentinel's ckpterr class.
 func (e *Error) Is(target error) bool {
 	s := e.Code.Sentinel()
-	return s != nil && target == s
+	return s != nil && errors.Is(s, target)
 }
+
+// Class returns the ckpterr class of the error's code (Internal for
+// CodeUnknown, so that ckpterr.ClassOf looks at the driver's error).
+func (e *Error) Class() ckpterr.Class { return e.Code.Class() }
 
 // IsTransient reports whether err is worth retrying.
 func IsTransient(err error) bool { return errors.Is(err, ErrTransient) }

@@ -5,12 +5,13 @@ package catalog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
@@ -20,9 +21,9 @@ import (
 // StepPrefix is the prefix of a checkpoint directory under a run.
 const StepPrefix = "step-"
 
-// ErrNoCheckpoint is returned by Latest when no committed, valid checkpoint
+// ErrNoCommittedCheckpoint is returned by Latest when no committed, valid checkpoint
 // exists under the run.
-var ErrNoCheckpoint = errors.New("no committed checkpoint under this run")
+var ErrNoCommittedCheckpoint = ckpterr.New(ckpterr.NotFound, "no committed checkpoint under this run")
 
 // StepName is the checkpoint prefix name of step: "step-00000012".
 func StepName(step int64) string { return fmt.Sprintf("%s%08d", StepPrefix, step) }
@@ -180,5 +181,5 @@ func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep boo
 		}
 		return &e, skipped, nil
 	}
-	return nil, skipped, fmt.Errorf("%s: %w", run, ErrNoCheckpoint)
+	return nil, skipped, fmt.Errorf("%s: %w", run, ErrNoCommittedCheckpoint)
 }

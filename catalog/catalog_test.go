@@ -74,7 +74,7 @@ func TestLatestNone(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			run := b.Open(t)
 			_, _, err := catalog.Latest(context.Background(), run, false)
-			require.ErrorIs(t, err, catalog.ErrNoCheckpoint)
+			require.ErrorIs(t, err, catalog.ErrNoCommittedCheckpoint)
 		})
 	}
 }

@@ -117,7 +117,8 @@ func (s *Sentinel) Is(target error) bool {
 }
 
 // classed is what ClassOf looks for: a sentinel, or any error type that
-// knows its class (backend.Error, a plugin's remote error, ...).
+// knows its class (backend.Error, a plugin's remote error, ...). A Class of
+// Internal means "not classified here": ClassOf looks further in.
 type classed interface {
 	error
 	Class() Class
@@ -148,8 +149,9 @@ func WithClass(err error, c Class) error {
 }
 
 // ClassOf returns the class of err: Canceled when the chain holds
-// context.Canceled, else the class of its outermost classified error, else
-// Transient for a context deadline (a timeout may pass on a retry), else
+// context.Canceled, else the class of its outermost classified error (an
+// error with a Class method, or one whose Is method matches a class error),
+// else Transient for a context deadline (a timeout may pass on a retry), else
 // Internal. ClassOf(nil) is Internal.
 func ClassOf(err error) Class {
 	if err == nil {
@@ -158,12 +160,42 @@ func ClassOf(err error) Class {
 	if errors.Is(err, context.Canceled) {
 		return Canceled
 	}
-	var c classed
-	if errors.As(err, &c) {
-		return c.Class()
+	if c, ok := outermost(err); ok {
+		return c
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return Transient
 	}
 	return Internal
+}
+
+// outermost walks err's tree depth first, outside in, and returns the first
+// class it finds.
+func outermost(err error) (Class, bool) {
+	for err != nil {
+		if c, ok := err.(classed); ok && c.Class() != Internal {
+			return c.Class(), true
+		}
+		if m, ok := err.(interface{ Is(error) bool }); ok {
+			for _, c := range Classes[1:] {
+				if m.Is(c.Err()) {
+					return c, true
+				}
+			}
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if c, ok := outermost(e); ok {
+					return c, true
+				}
+			}
+			return Internal, false
+		default:
+			return Internal, false
+		}
+	}
+	return Internal, false
 }

@@ -60,3 +60,25 @@ func ExampleClassOf() {
 	fmt.Println(ckpterr.ClassOf(err), errors.Is(err, ckpterr.ErrBadCheckpoint))
 	// Output: bad-checkpoint true
 }
+
+// matcher is an error type that is no sentinel but matches one through Is,
+// as typed errors such as a coverage error do.
+type matcher struct{}
+
+func (matcher) Error() string             { return "tiles badly" }
+func (matcher) Is(target error) bool      { return errors.Is(errCorrupt, target) }
+func (unclassified) Error() string        { return "driver said no" }
+func (unclassified) Class() ckpterr.Class { return ckpterr.Internal }
+
+type unclassified struct{ inner error }
+
+func (u unclassified) Unwrap() error { return u.inner }
+
+func TestClassOfTypedErrors(t *testing.T) {
+	assert.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(fmt.Errorf("load: %w", matcher{})))
+	// An error that says Internal about itself lets ClassOf look inside.
+	assert.Equal(t, ckpterr.NotFound, ckpterr.ClassOf(unclassified{inner: errMissing}))
+	assert.Equal(t, ckpterr.Internal, ckpterr.ClassOf(unclassified{}))
+	// errors.Join: the first classified branch wins.
+	assert.Equal(t, ckpterr.NotFound, ckpterr.ClassOf(errors.Join(errors.New("x"), errMissing, errCorrupt)))
+}

@@ -9,11 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // ErrAborted is returned by every pending and later collective call after a
 // rank aborted the group.
-var ErrAborted = errors.New("coordinator: group aborted")
+var ErrAborted = ckpterr.New(ckpterr.Internal, "coordinator: group aborted")
 
 // Coordinator is one rank's handle on the group. Collective calls must be
 // made by every rank in the same order.

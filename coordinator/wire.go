@@ -7,12 +7,13 @@ import (
 	"sync"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // RemoteError is an error in a form that crosses machines: its message and
 // the codes of the registered sentinels it matched where it was made. On the
 // receiving side errors.Is(remote, sentinel) is true for those sentinels, so
-// a classification such as planner.ErrMismatch survives the trip; errors.As
+// a classification such as planner.ErrPlanMismatch survives the trip; errors.As
 // to a concrete error type does not (only the message is kept).
 //
 // Values exchanged by a cross-machine coordinator carry errors as
@@ -23,13 +24,24 @@ type RemoteError struct {
 	Message string
 	// Codes name the registered sentinels the original error matched.
 	Codes []string
+	// ErrClass is the original error's ckpterr class, so that the CLI's exit
+	// code and every errors.Is(err, ckpterr.ErrX) test survive the trip
+	// even for sentinels nobody registered.
+	ErrClass ckpterr.Class
 }
+
+// Class returns the original error's ckpterr class.
+func (e *RemoteError) Class() ckpterr.Class { return e.ErrClass }
 
 // Error returns the original message.
 func (e *RemoteError) Error() string { return e.Message }
 
-// Is reports whether target is the sentinel of one of e's codes.
+// Is reports whether target is the sentinel of one of e's codes or the
+// class error of e's class.
 func (e *RemoteError) Is(target error) bool {
+	if e.ErrClass != ckpterr.Internal && target == e.ErrClass.Err() {
+		return true
+	}
 	for _, c := range e.Codes {
 		regMu.RLock()
 		s, ok := regByCode[c]
@@ -99,7 +111,7 @@ func ToRemote(err error) *RemoteError {
 	regMu.RLock()
 	reg := registry[:len(registry):len(registry)]
 	regMu.RUnlock()
-	re := &RemoteError{Message: err.Error()}
+	re := &RemoteError{Message: err.Error(), ErrClass: ckpterr.ClassOf(err)}
 	for _, s := range reg {
 		if errors.Is(err, s.err) {
 			re.Codes = append(re.Codes, s.code)

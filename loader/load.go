@@ -261,7 +261,7 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 		op := &plan.Ops[i]
 		g.Go(func() error {
 			buf := make([]byte, op.Length)
-			if err := c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
 			chunks := make([][]byte, len(op.Chunks))
@@ -357,7 +357,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 				if dst, ok := ex.directTarget(op); ok {
 					// Read straight into the target and check it there: one
 					// copy, as a plain file read makes.
-					if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, dst); err != nil {
+					if err := ex.c.readRange(gctx, op.Object, op.Offset, dst); err != nil {
 						return err
 					}
 					_, err := ex.c.verifyChunk(op, &op.Chunks[0], dst)
@@ -366,7 +366,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 			}
 			buf := pool.get(op.Length)
 			defer pool.put(buf)
-			if err := ex.c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+			if err := ex.c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
 			chunks := make([][]byte, len(op.Chunks))

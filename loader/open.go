@@ -12,6 +12,8 @@ import (
 	"path"
 	"strings"
 
+	"github.com/ckptkit/ckptkit/ckpterr"
+
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/metadata"
 )
@@ -19,27 +21,31 @@ import (
 // Errors a load or verify can classify with errors.Is.
 var (
 	// ErrNoCheckpoint: the prefix holds no objects at all.
-	ErrNoCheckpoint = errors.New("no checkpoint at this prefix")
+	ErrNoCheckpoint = ckpterr.New(ckpterr.NotFound, "no checkpoint at this prefix")
 	// ErrIncomplete: the prefix holds data but no committed metadata (a save
 	// that died or is still running); it is never loaded.
-	ErrIncomplete = errors.New("incomplete checkpoint: data present but metadata never committed")
+	ErrIncomplete = ckpterr.New(ckpterr.BadCheckpoint, "incomplete checkpoint: data present but metadata never committed")
 	// ErrPartialOptimizerState: some but not all optimizer slots of a
 	// parameter are in the checkpoint (resume rule 2).
-	ErrPartialOptimizerState = errors.New("partial optimizer state")
+	ErrPartialOptimizerState = ckpterr.New(ckpterr.BadCheckpoint, "partial optimizer state")
 	// ErrLayoutMismatch: optimizer state was saved but none of it matches
 	// any parameter of the load target (resume rule 3).
-	ErrLayoutMismatch = errors.New("optimizer layout or key prefix does not match the checkpoint")
+	ErrLayoutMismatch = ckpterr.New(ckpterr.BadCheckpoint, "optimizer layout or key prefix does not match the checkpoint")
 	// ErrMissingKeys: keys the target needs are not in the checkpoint.
-	ErrMissingKeys = errors.New("keys missing from checkpoint")
-	// ErrMismatch: a key's kind, dtype or shape differs between checkpoint
+	ErrMissingKeys = ckpterr.New(ckpterr.BadCheckpoint, "keys missing from checkpoint")
+	// ErrTargetMismatch: a key's kind, dtype or shape differs between checkpoint
 	// and target.
-	ErrMismatch = errors.New("checkpoint and target disagree")
+	ErrTargetMismatch = ckpterr.New(ckpterr.BadCheckpoint, "checkpoint and target disagree")
+	// ErrMissingObject: a data object the committed metadata names is not in
+	// storage (deleted, or never copied): the checkpoint is bad, whatever
+	// the storage's own "not found" said.
+	ErrMissingObject = ckpterr.New(ckpterr.BadCheckpoint, "data object named by the metadata is missing")
 	// ErrChecksum: stored bytes do not match their CRC32C.
-	ErrChecksum = errors.New("checksum mismatch")
+	ErrChecksum = ckpterr.New(ckpterr.BadCheckpoint, "checksum mismatch")
 	// ErrTargetsPartlyFilled: a load failed after it had started writing
 	// into the targets (Direct mode, or a read failure in the copy pass of
 	// verify-then-copy); reload or discard the targets.
-	ErrTargetsPartlyFilled = errors.New("load failed after the targets were partly filled")
+	ErrTargetsPartlyFilled = ckpterr.New(ckpterr.Internal, "load failed after the targets were partly filled")
 )
 
 // Checkpoint is an open checkpoint: its store (the one reader every data
@@ -71,7 +77,7 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		if f.Complete != nil {
 			read := func(object string, offset, length int64) ([]byte, error) {
 				buf := make([]byte, length)
-				return buf, st.ReadRange(ctx, object, offset, buf)
+				return buf, MissingObject(st.ReadRange(ctx, object, offset, buf))
 			}
 			if err := f.Complete(md, read); err != nil {
 				return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
@@ -136,3 +142,22 @@ func (c *Checkpoint) Store() *backend.Store { return c.store }
 
 // URL is the checkpoint's redacted URL.
 func (c *Checkpoint) URL() string { return c.store.String() }
+
+// readRange reads len(buf) bytes of a data object at offset through the
+// checkpoint's one reader. A data object the metadata names but storage
+// lacks is ErrMissingObject (a bad checkpoint), not a plain not-found.
+func (c *Checkpoint) readRange(ctx context.Context, object string, offset int64, buf []byte) error {
+	return MissingObject(c.store.ReadRange(ctx, object, offset, buf))
+}
+
+// MissingObject returns err with a not-found read of a data object that a
+// committed checkpoint names classified as ErrMissingObject (the storage
+// error, and its URL, stay in the chain); other errors are returned
+// unchanged. Tools that read data objects themselves (copy) use it so that
+// a hole in a checkpoint is reported as a bad checkpoint.
+func MissingObject(err error) error {
+	if errors.Is(err, backend.ErrNotFound) {
+		return fmt.Errorf("%w: %w", ErrMissingObject, err)
+	}
+	return err
+}

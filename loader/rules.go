@@ -210,7 +210,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		return nil, fmt.Errorf("%w: %s", ErrMissingKeys, listSome(missing))
 	}
 	if len(mismatch) > 0 {
-		return nil, fmt.Errorf("%w: %s", ErrMismatch, strings.Join(mismatch[:min(len(mismatch), maxListed)], "; "))
+		return nil, fmt.Errorf("%w: %s", ErrTargetMismatch, strings.Join(mismatch[:min(len(mismatch), maxListed)], "; "))
 	}
 	forEachKey(md, func(k string) {
 		if _, wanted := ranksOf[k]; !wanted && !(!d.optimLoaded && strings.HasPrefix(k, optPrefix)) {

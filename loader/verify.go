@@ -258,7 +258,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 		g.Go(func() error {
 			buf := pool.get(op.Length)
 			defer pool.put(buf)
-			if err := c.store.ReadRange(gctx, op.Object, op.Offset, buf); err != nil {
+			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
 			if progress != nil {

@@ -9,16 +9,18 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ckptkit/ckptkit/ckpterr"
+
 	gojson "github.com/goccy/go-json"
 )
 
 // ErrNewerFormat is returned when a checkpoint was written in a newer major
 // format version than this reader understands.
-var ErrNewerFormat = errors.New("checkpoint format is newer than this reader")
+var ErrNewerFormat = ckpterr.New(ckpterr.Unsupported, "checkpoint format is newer than this reader")
 
 // ErrInvalid is returned for metadata that does not decode or is
 // structurally inconsistent.
-var ErrInvalid = errors.New("invalid checkpoint metadata")
+var ErrInvalid = ckpterr.New(ckpterr.BadCheckpoint, "invalid checkpoint metadata")
 
 // VersionString is the version this package writes.
 func VersionString() string { return fmt.Sprintf("%d.%d", MajorVersion, MinorVersion) }

@@ -3,6 +3,8 @@ package planner
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // Sentinel errors of the planner. Every error PlanSave, PlanLoad and
@@ -11,16 +13,16 @@ var (
 	// ErrInvalidPlan reports a malformed save item or read request: empty
 	// key, unknown kind or dtype, inconsistent geometry, wrong byte length,
 	// an item offered twice by the same rank, duplicate ranks or objects.
-	ErrInvalidPlan = errors.New("invalid plan")
-	// ErrMismatch reports two sides that disagree about a key: two saving
+	ErrInvalidPlan = ckpterr.New(ckpterr.Usage, "invalid plan")
+	// ErrPlanMismatch reports two sides that disagree about a key: two saving
 	// ranks (kind, dtype, global shape, byte length) or a read request and
 	// the checkpoint (kind, dtype, shape). The message names both sides.
-	ErrMismatch = errors.New("mismatch")
+	ErrPlanMismatch = ckpterr.New(ckpterr.BadCheckpoint, "mismatch")
 	// ErrKeyNotFound reports a requested key the checkpoint does not hold.
-	ErrKeyNotFound = errors.New("key not found in checkpoint")
+	ErrKeyNotFound = ckpterr.New(ckpterr.BadCheckpoint, "key not found in checkpoint")
 	// ErrCoverage reports chunks that do not tile their tensor exactly.
 	// The concrete error is a *CoverageError.
-	ErrCoverage = errors.New("chunks do not tile the tensor")
+	ErrCoverage = ckpterr.New(ckpterr.BadCheckpoint, "chunks do not tile the tensor")
 )
 
 // Coverage error kinds (CoverageError.Kind).
@@ -61,4 +63,5 @@ func (e *CoverageError) Error() string {
 }
 
 // Is makes errors.Is(err, ErrCoverage) true.
-func (e *CoverageError) Is(target error) bool { return target == ErrCoverage }
+// It also matches ErrCoverage's ckpterr class.
+func (e *CoverageError) Is(target error) bool { return errors.Is(ErrCoverage, target) }

@@ -113,7 +113,7 @@ type pendingCopy struct {
 // chunks whose rank does not match their tensor's are ignored (Validate
 // rejects them).
 //
-// Errors name the key: ErrKeyNotFound for a key md lacks; ErrMismatch for a
+// Errors name the key: ErrKeyNotFound for a key md lacks; ErrPlanMismatch for a
 // kind or dtype mismatch or a box outside the saved shape; ErrInvalidPlan
 // for a malformed request. Coverage is not checked here (see CheckCoverage).
 func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*LoadPlan, error) {
@@ -161,7 +161,7 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 		case BytesItem:
 			if be == nil {
 				if te != nil {
-					return nil, fmt.Errorf("%w: key %q: requested as bytes, checkpoint holds a %s tensor %v", ErrMismatch, r.Key, te.DType, te.Shape)
+					return nil, fmt.Errorf("%w: key %q: requested as bytes, checkpoint holds a %s tensor %v", ErrPlanMismatch, r.Key, te.DType, te.Shape)
 				}
 				return nil, fmt.Errorf("%w: bytes %q", ErrKeyNotFound, r.Key)
 			}
@@ -175,7 +175,7 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 		case TensorItem:
 			if te == nil {
 				if be != nil {
-					return nil, fmt.Errorf("%w: key %q: requested as a %s tensor, checkpoint holds bytes", ErrMismatch, r.Key, r.DType)
+					return nil, fmt.Errorf("%w: key %q: requested as a %s tensor, checkpoint holds bytes", ErrPlanMismatch, r.Key, r.DType)
 				}
 				return nil, fmt.Errorf("%w: tensor %q", ErrKeyNotFound, r.Key)
 			}
@@ -300,15 +300,15 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 // checkRequest checks a tensor request against the saved entry.
 func checkRequest(r *ReadRequest, te *metadata.TensorEntry) error {
 	if r.DType != te.DType {
-		return fmt.Errorf("%w: tensor %q: requested dtype %s, checkpoint has %s", ErrMismatch, r.Key, r.DType, te.DType)
+		return fmt.Errorf("%w: tensor %q: requested dtype %s, checkpoint has %s", ErrPlanMismatch, r.Key, r.DType, te.DType)
 	}
 	D := len(te.Shape)
 	if len(r.Offsets) != D || len(r.Sizes) != D {
-		return fmt.Errorf("%w: tensor %q: requested box offsets %v sizes %v does not match the checkpoint's shape %v", ErrMismatch, r.Key, r.Offsets, r.Sizes, te.Shape)
+		return fmt.Errorf("%w: tensor %q: requested box offsets %v sizes %v does not match the checkpoint's shape %v", ErrPlanMismatch, r.Key, r.Offsets, r.Sizes, te.Shape)
 	}
 	for d := range D {
 		if o, s := r.Offsets[d], r.Sizes[d]; o < 0 || s < 0 || o > te.Shape[d]-s {
-			return fmt.Errorf("%w: tensor %q: requested box offsets %v sizes %v is outside the checkpoint's shape %v", ErrMismatch, r.Key, r.Offsets, r.Sizes, te.Shape)
+			return fmt.Errorf("%w: tensor %q: requested box offsets %v sizes %v is outside the checkpoint's shape %v", ErrPlanMismatch, r.Key, r.Offsets, r.Sizes, te.Shape)
 		}
 	}
 	return nil

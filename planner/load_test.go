@@ -273,11 +273,11 @@ func TestPlanLoadErrors(t *testing.T) {
 	}{
 		{"missing tensor", ReadRequest{Key: "model.x", Kind: TensorItem, DType: "float32", Offsets: ints(0), Sizes: ints(1)}, ErrKeyNotFound, []string{`"model.x"`}},
 		{"missing bytes", ReadRequest{Key: "iteration", Kind: BytesItem}, ErrKeyNotFound, []string{`"iteration"`}},
-		{"dtype", ReadRequest{Key: "model.w", Kind: TensorItem, DType: "bfloat16", Offsets: ints(0, 0), Sizes: ints(4, 4)}, ErrMismatch, []string{`"model.w"`, "bfloat16", "float32"}},
-		{"box outside", ReadRequest{Key: "model.w", Kind: TensorItem, DType: "float32", Offsets: ints(2, 0), Sizes: ints(4, 4)}, ErrMismatch, []string{`"model.w"`, "[2 0]", "[4 4]"}},
-		{"rank differs", ReadRequest{Key: "model.w", Kind: TensorItem, DType: "float32", Offsets: ints(0), Sizes: ints(16)}, ErrMismatch, []string{`"model.w"`, "[16]", "[4 4]"}},
-		{"tensor as bytes", ReadRequest{Key: "model.w", Kind: BytesItem}, ErrMismatch, []string{`"model.w"`, "bytes", "tensor"}},
-		{"bytes as tensor", ReadRequest{Key: "sched", Kind: TensorItem, DType: "uint8", Offsets: ints(0), Sizes: ints(2)}, ErrMismatch, []string{`"sched"`, "bytes", "tensor"}},
+		{"dtype", ReadRequest{Key: "model.w", Kind: TensorItem, DType: "bfloat16", Offsets: ints(0, 0), Sizes: ints(4, 4)}, ErrPlanMismatch, []string{`"model.w"`, "bfloat16", "float32"}},
+		{"box outside", ReadRequest{Key: "model.w", Kind: TensorItem, DType: "float32", Offsets: ints(2, 0), Sizes: ints(4, 4)}, ErrPlanMismatch, []string{`"model.w"`, "[2 0]", "[4 4]"}},
+		{"rank differs", ReadRequest{Key: "model.w", Kind: TensorItem, DType: "float32", Offsets: ints(0), Sizes: ints(16)}, ErrPlanMismatch, []string{`"model.w"`, "[16]", "[4 4]"}},
+		{"tensor as bytes", ReadRequest{Key: "model.w", Kind: BytesItem}, ErrPlanMismatch, []string{`"model.w"`, "bytes", "tensor"}},
+		{"bytes as tensor", ReadRequest{Key: "sched", Kind: TensorItem, DType: "uint8", Offsets: ints(0), Sizes: ints(2)}, ErrPlanMismatch, []string{`"sched"`, "bytes", "tensor"}},
 		{"bad kind", ReadRequest{Key: "sched", Kind: ItemKind(9)}, ErrInvalidPlan, []string{`"sched"`}},
 	}
 	for _, tc := range tests {

@@ -41,7 +41,7 @@ type unit struct {
 //     follow, largest first (ties by key, then box), each to the offering
 //     rank with the fewest bytes assigned so far (ties: lowest rank).
 //   - Every rank offering a key must agree on kind, dtype and global shape
-//     (bytes: on length); otherwise ErrMismatch names the key and both ranks.
+//     (bytes: on length); otherwise ErrPlanMismatch names the key and both ranks.
 //   - Tensor chunks must be in bounds and tile the global shape exactly
 //     (CheckCoverage); chunks with zero elements are dropped. A 0-dim
 //     tensor has one element.
@@ -359,13 +359,13 @@ func agree(a *SaveItem, ra int, b *SaveItem, rb int) error {
 	}
 	switch {
 	case a.Kind != b.Kind:
-		return fmt.Errorf("%w: key %q: rank %d offers %s, rank %d offers %s", ErrMismatch, a.Key, ra, kind(a.Kind), rb, kind(b.Kind))
+		return fmt.Errorf("%w: key %q: rank %d offers %s, rank %d offers %s", ErrPlanMismatch, a.Key, ra, kind(a.Kind), rb, kind(b.Kind))
 	case a.Kind == BytesItem && a.Length != b.Length:
-		return fmt.Errorf("%w: bytes %q: rank %d offers %d bytes, rank %d offers %d", ErrMismatch, a.Key, ra, a.Length, rb, b.Length)
+		return fmt.Errorf("%w: bytes %q: rank %d offers %d bytes, rank %d offers %d", ErrPlanMismatch, a.Key, ra, a.Length, rb, b.Length)
 	case a.Kind == TensorItem && a.DType != b.DType:
-		return fmt.Errorf("%w: tensor %q: rank %d offers dtype %s, rank %d offers %s", ErrMismatch, a.Key, ra, a.DType, rb, b.DType)
+		return fmt.Errorf("%w: tensor %q: rank %d offers dtype %s, rank %d offers %s", ErrPlanMismatch, a.Key, ra, a.DType, rb, b.DType)
 	case a.Kind == TensorItem && !slices.Equal(a.GlobalShape, b.GlobalShape):
-		return fmt.Errorf("%w: tensor %q: rank %d offers global shape %v, rank %d offers %v", ErrMismatch, a.Key, ra, a.GlobalShape, rb, b.GlobalShape)
+		return fmt.Errorf("%w: tensor %q: rank %d offers global shape %v, rank %d offers %v", ErrPlanMismatch, a.Key, ra, a.GlobalShape, rb, b.GlobalShape)
 	}
 	return nil
 }

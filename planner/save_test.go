@@ -102,13 +102,13 @@ func TestPlanSaveErrors(t *testing.T) {
 		contains []string
 	}{
 		{"dtype disagrees", two(rowItem("w", "float32", ints(4, 2), 0, 2), rowItem("w", "float16", ints(4, 2), 1, 2)),
-			SaveOptions{}, ErrMismatch, []string{`"w"`, "rank 0", "float32", "rank 1", "float16"}},
+			SaveOptions{}, ErrPlanMismatch, []string{`"w"`, "rank 0", "float32", "rank 1", "float16"}},
 		{"global shape disagrees", two(rowItem("w", "float32", ints(4, 2), 0, 2), rowItem("w", "float32", ints(4, 3), 1, 2)),
-			SaveOptions{}, ErrMismatch, []string{`"w"`, "rank 0", "[4 2]", "rank 1", "[4 3]"}},
+			SaveOptions{}, ErrPlanMismatch, []string{`"w"`, "rank 0", "[4 2]", "rank 1", "[4 3]"}},
 		{"kind disagrees", two(wholeItem("k", "int8", ints(2)), bytesItem("k", 2)),
-			SaveOptions{}, ErrMismatch, []string{`"k"`, "rank 0", "tensor", "rank 1", "bytes"}},
+			SaveOptions{}, ErrPlanMismatch, []string{`"k"`, "rank 0", "tensor", "rank 1", "bytes"}},
 		{"bytes length disagrees", two(bytesItem("s", 2), bytesItem("s", 3)),
-			SaveOptions{}, ErrMismatch, []string{`"s"`, "rank 0", "rank 1"}},
+			SaveOptions{}, ErrPlanMismatch, []string{`"s"`, "rank 0", "rank 1"}},
 		{"overlap", two(tensorItem("w", "int8", ints(4, 2), ints(0, 0), ints(3, 2)), tensorItem("w", "int8", ints(4, 2), ints(2, 0), ints(2, 2))),
 			SaveOptions{}, ErrCoverage, []string{`"w"`, "overlap", "offsets [2 0] sizes [1 2]"}},
 		{"gap", two(tensorItem("w", "int8", ints(6, 2), ints(0, 0), ints(2, 2)), tensorItem("w", "int8", ints(6, 2), ints(4, 0), ints(2, 2))),

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ckptkit/ckptkit/ckpterr"
+
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -40,7 +42,7 @@ var DefaultOptimizerSlots = []string{"step", "exp_avg", "exp_avg_sq"}
 
 // ErrCommitted is returned when the target prefix already holds a committed
 // checkpoint and Options.Overwrite is false.
-var ErrCommitted = errors.New("a committed checkpoint already exists at this prefix")
+var ErrCommitted = ckpterr.New(ckpterr.Conflict, "a committed checkpoint already exists at this prefix")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -136,7 +138,7 @@ func init() {
 	gob.Register(commitOutcome{})
 	coordinator.RegisterError("saver.ErrCommitted", ErrCommitted)
 	coordinator.RegisterError("planner.ErrInvalidPlan", planner.ErrInvalidPlan)
-	coordinator.RegisterError("planner.ErrMismatch", planner.ErrMismatch)
+	coordinator.RegisterError("planner.ErrPlanMismatch", planner.ErrPlanMismatch)
 	coordinator.RegisterError("planner.ErrKeyNotFound", planner.ErrKeyNotFound)
 	coordinator.RegisterError("planner.ErrCoverage", planner.ErrCoverage)
 }

@@ -52,7 +52,7 @@ func TestDisagreeingRanksCommitNothing(t *testing.T) {
 	sds := ranks(2)
 	sds[1].Tensors["model.w"].DType = statedict.Int32 // same bytes, other dtype
 	_, err := saver.SaveLocal(context.Background(), st, sds, saver.Options{})
-	require.ErrorIs(t, err, planner.ErrMismatch)
+	require.ErrorIs(t, err, planner.ErrPlanMismatch)
 	require.Contains(t, err.Error(), "model.w")
 	require.False(t, committed(t, st))
 }
@@ -159,7 +159,7 @@ func TestFailedOverwriteKeepsTheOldCheckpoint(t *testing.T) {
 	bad := ranks(2)
 	bad[1].Tensors["model.w"].DType = statedict.Int32
 	_, err = saver.SaveLocal(context.Background(), st, bad, saver.Options{Iteration: 2, Overwrite: true})
-	require.ErrorIs(t, err, planner.ErrMismatch)
+	require.ErrorIs(t, err, planner.ErrPlanMismatch)
 	require.True(t, committed(t, st), "the old checkpoint must stay committed")
 }
 

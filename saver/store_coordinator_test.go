@@ -105,7 +105,7 @@ func TestStoreCoordinatorMismatchFailsEveryRank(t *testing.T) {
 	for r, err := range errs {
 		require.Error(t, err, "rank %d", r)
 		require.ErrorContains(t, err, "model.w", "rank %d", r)
-		require.ErrorIs(t, err, planner.ErrMismatch, "rank %d: the class crosses the store", r)
+		require.ErrorIs(t, err, planner.ErrPlanMismatch, "rank %d: the class crosses the store", r)
 	}
 	st, err := backend.Open(context.Background(), filepath.Join(root, "run", "step-00000012"))
 	require.NoError(t, err)

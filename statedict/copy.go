@@ -1,13 +1,14 @@
 package statedict
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // ErrRegion reports a CopyRegion call whose geometry is inconsistent: ranks
 // differ, a box lies outside a chunk, or a buffer has the wrong length.
-var ErrRegion = errors.New("invalid copy region")
+var ErrRegion = ckpterr.New(ckpterr.Usage, "invalid copy region")
 
 // CopyRegion copies the box (boxOffsets, boxSizes, in global element
 // coordinates) from src, a dense row-major chunk placed at srcOffsets with

@@ -3,11 +3,12 @@ package statedict
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // Flattening errors.
@@ -16,9 +17,9 @@ var (
 	// StateDict that cannot be rebuilt: a map key that is empty or holds
 	// a ".", an unsupported leaf type, or keys that collide ("a" and
 	// "a.b").
-	ErrFlatten = errors.New("cannot flatten state")
-	// ErrKeyNotFound reports a key the StateDict does not hold.
-	ErrKeyNotFound = errors.New("key not in state dict")
+	ErrFlatten = ckpterr.New(ckpterr.Usage, "cannot flatten state")
+	// ErrNoSuchKey reports a key the StateDict does not hold.
+	ErrNoSuchKey = ckpterr.New(ckpterr.Usage, "key not in state dict")
 )
 
 // Flatten turns nested training state into a flat StateDict.
@@ -256,12 +257,12 @@ func (sd *StateDict) PutJSON(key string, v any) error {
 }
 
 // GetJSON decodes the byte value key into v. A missing key is an error
-// matching ErrKeyNotFound; a value that does not decode into v names the
+// matching ErrNoSuchKey; a value that does not decode into v names the
 // key.
 func (sd *StateDict) GetJSON(key string, v any) error {
 	b, ok := sd.Bytes[key]
 	if !ok {
-		return fmt.Errorf("%w: %q", ErrKeyNotFound, key)
+		return fmt.Errorf("%w: %q", ErrNoSuchKey, key)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("decode %q from JSON: %w", key, err)

@@ -171,7 +171,7 @@ func TestPutGetJSON(t *testing.T) {
 	assert.Equal(t, int64(42), it)
 
 	err := sd.GetJSON("scheduler.missing", &s)
-	require.ErrorIs(t, err, ErrKeyNotFound)
+	require.ErrorIs(t, err, ErrNoSuchKey)
 	assert.Contains(t, err.Error(), `"scheduler.missing"`)
 
 	sd.Tensors["w"] = Whole(NewTensor(Int8, 1))

@@ -6,13 +6,14 @@ package transfer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"sort"
 	"sync/atomic"
 	"time"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"golang.org/x/sync/errgroup"
 
@@ -23,7 +24,7 @@ import (
 
 // ErrDestinationCommitted is returned when the destination already holds a
 // committed checkpoint and Options.Force is not set.
-var ErrDestinationCommitted = errors.New("destination already holds a committed checkpoint")
+var ErrDestinationCommitted = ckpterr.New(ckpterr.Conflict, "destination already holds a committed checkpoint")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -76,7 +77,7 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 		g.Go(func() error {
 			rc, err := src.NewRangeReader(gctx, o.Key, 0, o.Size)
 			if err != nil {
-				return err
+				return loader.MissingObject(err)
 			}
 			defer rc.Close()
 			r := &checkingReader{r: rc, ranges: ranges[o.Key], object: src.URL(o.Key), progress: func(n int) {

@@ -53,7 +53,7 @@ or access errors.`,
 			if match != "" {
 				var err error
 				if re, err = regexp.Compile(match); err != nil {
-					return fmt.Errorf("--run: %w", err)
+					return usage(fmt.Errorf("--run: %w", err))
 				}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)

@@ -62,14 +62,14 @@ KiB/MiB/GiB/TiB (powers of 1024).`,
 			ctx := cmd.Context()
 			shard, err := parseSize(shardSize)
 			if err != nil {
-				return fmt.Errorf("--shard-size: %w", err)
+				return usage(fmt.Errorf("--shard-size: %w", err))
 			}
 			capBytes, err := parseSize(maxMemory)
 			if err != nil {
-				return fmt.Errorf("--max-memory: %w", err)
+				return usage(fmt.Errorf("--max-memory: %w", err))
 			}
 			if to != "safetensors" && to != "ckptkit" {
-				return fmt.Errorf("--to must be safetensors or ckptkit, got %q", to)
+				return usage(fmt.Errorf("--to must be safetensors or ckptkit, got %q", to))
 			}
 			if capBytes > 0 {
 				defer debug.SetMemoryLimit(debug.SetMemoryLimit(capBytes))

@@ -53,10 +53,10 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 			p := gc.Policy{KeepLast: keepLast, KeepEvery: keepEvery}
 			var err error
 			if p.OlderThan, err = parseDuration(olderThan); err != nil {
-				return fmt.Errorf("--older-than: %w", err)
+				return usage(fmt.Errorf("--older-than: %w", err))
 			}
 			if p.Grace, err = parseDuration(grace); err != nil {
-				return fmt.Errorf("--grace: %w", err)
+				return usage(fmt.Errorf("--grace: %w", err))
 			}
 			run, err := backend.Open(ctx, args[0])
 			if err != nil {

@@ -35,7 +35,7 @@ func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, r
 	}
 	entry, _, lerr := catalog.Latest(ctx, st, false)
 	if lerr != nil {
-		if errors.Is(lerr, catalog.ErrNoCheckpoint) {
+		if errors.Is(lerr, catalog.ErrNoCommittedCheckpoint) {
 			return nil, "", bad(err)
 		}
 		return nil, "", lerr

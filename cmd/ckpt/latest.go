@@ -48,7 +48,7 @@ Exit 0 when one is found, 1 when none is, 2 on usage or access errors.`,
 			for _, s := range skipped {
 				out.Skipped = append(out.Skipped, latestSkipped{Name: s.Entry.Name, Step: s.Entry.Step, Reason: s.Reason})
 			}
-			if err != nil && !errors.Is(err, catalog.ErrNoCheckpoint) {
+			if err != nil && !errors.Is(err, catalog.ErrNoCommittedCheckpoint) {
 				return err
 			}
 			if e != nil {

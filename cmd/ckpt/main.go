@@ -2,13 +2,13 @@
 // verifies and operates on checkpoints in any storage chosen by URL
 // (file://, plain paths, mem://, s3://, gs://, or a plugin's scheme).
 //
-// Exit codes: 0 success, 1 the checkpoint is bad, incomplete or (for
-// verify) not resumable, 2 usage or access errors.
+// Exit codes follow the error's ckpterr class: 0 success, 1 bad checkpoint,
+// 2 usage, 3 not found, 4 access, 5 transient, 6 conflict, 7 unsupported,
+// 10 internal, 130 interrupted (see README.md, "Exit codes").
 package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,24 +17,51 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/gcs"
 	_ "github.com/ckptkit/ckptkit/backend/mem"
 	_ "github.com/ckptkit/ckptkit/backend/s3"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
-	"github.com/ckptkit/ckptkit/loader"
-	"github.com/ckptkit/ckptkit/metadata"
-	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/plugins/host"
+	"github.com/spf13/cobra"
 )
 
-// exitError carries the process exit code of a failed command.
-type exitError struct {
-	code int
-	err  error
+// bad marks err as "the checkpoint is bad" (exit 1) unless err already
+// carries a class of its own (a missing path stays not-found, a dropped
+// connection stays transient).
+func bad(err error) error {
+	if ckpterr.ClassOf(err) != ckpterr.Internal {
+		return err
+	}
+	return ckpterr.WithClass(err, ckpterr.BadCheckpoint)
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
+// usage marks err as a usage error (exit 2) when it carries no class.
+func usage(err error) error {
+	if err == nil || ckpterr.ClassOf(err) != ckpterr.Internal {
+		return err
+	}
+	return ckpterr.WithClass(err, ckpterr.Usage)
+}
 
-// bad marks err as "the checkpoint is bad" (exit 1).
-func bad(err error) error { return &exitError{code: 1, err: err} }
+// Exit codes by error class: the table in README.md ("Exit codes") and
+// TestExitCodeTableMatchesREADME keep them in step.
+var exitCodes = map[ckpterr.Class]int{
+	ckpterr.BadCheckpoint: 1,
+	ckpterr.Usage:         2,
+	ckpterr.NotFound:      3,
+	ckpterr.Access:        4,
+	ckpterr.Transient:     5,
+	ckpterr.Conflict:      6,
+	ckpterr.Unsupported:   7,
+	ckpterr.Internal:      10,
+	ckpterr.Canceled:      130,
+}
+
+// exitCode returns the process exit code of a command's error.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	return exitCodes[ckpterr.ClassOf(err)]
+}
 
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
@@ -44,6 +71,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer host.CloseAll() // plugin processes never outlive the command
 	root := newRootCmd()
+	started := markStarted(root)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -51,28 +79,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	if !*started {
+		// cobra refused the command line (unknown command or flag, wrong
+		// argument count) before any command ran.
+		err = usage(err)
+	}
 	fmt.Fprintln(stderr, "ckpt:", err)
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
-	}
-	if checkpointProblem(err) {
-		return 1
-	}
-	return 2
+	return exitCode(err)
 }
 
-// checkpointProblem reports whether err says a checkpoint is bad or
-// incomplete (exit 1) rather than that the command or access failed.
-func checkpointProblem(err error) bool {
-	for _, target := range []error{
-		loader.ErrIncomplete, loader.ErrNoCheckpoint, loader.ErrChecksum, loader.ErrPartialOptimizerState,
-		loader.ErrLayoutMismatch, loader.ErrMissingKeys, loader.ErrMismatch, planner.ErrCoverage,
-		metadata.ErrInvalid, metadata.ErrNewerFormat,
-	} {
-		if errors.Is(err, target) {
-			return true
+// markStarted wraps the RunE of every command under root so that the
+// returned flag turns true once a command's own code runs: an error before
+// that is cobra's, about the command line.
+func markStarted(root *cobra.Command) *bool {
+	started := new(bool)
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.RunE != nil {
+			runE := c.RunE
+			c.RunE = func(cmd *cobra.Command, args []string) error {
+				*started = true
+				return runE(cmd, args)
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
 		}
 	}
-	return false
+	walk(root)
+	return started
 }

@@ -27,7 +27,7 @@ func addPluginFlag(root *cobra.Command) {
 		}
 		ps, err := host.Discover(cmd.Context(), host.Config{Dir: dir})
 		if err != nil {
-			return fmt.Errorf("load plugins from %s: %w", dir, err)
+			return usage(fmt.Errorf("load plugins from %s: %w", dir, err))
 		}
 		loadedPlugins = ps
 		return nil

@@ -72,7 +72,7 @@ any mix of interruption and resume.`,
 
 func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.steps < 0 || f.saveEvery < 0 || f.ranks < 1 {
-		return fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1")
+		return usage(fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1"))
 	}
 	run, err := backend.Open(ctx, f.url)
 	if err != nil {
@@ -93,7 +93,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			logf("skipping %s: %s", s.Entry.URL, s.Reason)
 		}
 		switch {
-		case errors.Is(err, catalog.ErrNoCheckpoint):
+		case errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 			for _, s := range skipped {
 				if s.Entry.Committed {
 					// Committed checkpoints exist but none is valid: starting

@@ -131,11 +131,11 @@ func TestExitCodes(t *testing.T) {
 }
 
 // Regression (review): copying a corrupt or missing checkpoint exited 2
-// (usage/access) instead of 1 (bad checkpoint).
+// (usage/access) instead of 1 (bad checkpoint) or 3 (not found).
 func TestCopyOfABadCheckpointExitsOne(t *testing.T) {
 	dir := t.TempDir()
 	code, _, errs := ckpt(t, "copy", filepath.Join(dir, "nothing-here"), "mem://copy-dst/x")
-	require.Equal(t, 1, code, errs)
+	require.Equal(t, 3, code, "a missing source is not found: %s", errs)
 	trainJSON(t, "--url", filepath.Join(dir, "run"), "--steps", "3", "--save-every", "3")
 	src := filepath.Join(dir, "run", "step-00000003")
 	data, err := os.ReadFile(filepath.Join(src, "rank-00000-000.data"))

@@ -7,9 +7,10 @@ package native
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
@@ -18,8 +19,8 @@ import (
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// ErrTooLarge: the checkpoint does not fit the memory cap.
-var ErrTooLarge = errors.New("checkpoint does not fit the memory cap")
+// ErrCheckpointTooLarge: the checkpoint does not fit the memory cap.
+var ErrCheckpointTooLarge = ckpterr.New(ckpterr.Usage, "checkpoint does not fit the memory cap")
 
 // Options tune Convert.
 type Options struct {
@@ -54,7 +55,7 @@ func Convert(ctx context.Context, src *loader.Checkpoint, dst *backend.Store, op
 		}
 	}
 	if opts.MaxMemory > 0 && total > opts.MaxMemory {
-		return nil, fmt.Errorf("convert %s: %w: %d bytes of state, cap %d (native output is saved from memory)", src.URL(), ErrTooLarge, total, opts.MaxMemory)
+		return nil, fmt.Errorf("convert %s: %w: %d bytes of state, cap %d (native output is saved from memory)", src.URL(), ErrCheckpointTooLarge, total, opts.MaxMemory)
 	}
 	sd := statedict.New()
 	for i := range md.Tensors {

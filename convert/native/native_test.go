@@ -52,7 +52,7 @@ func TestConvertToNative(t *testing.T) {
 			tooSmall, err := run.Sub(catalog.StepName(99))
 			require.NoError(t, err)
 			_, err = native.Convert(ctx, src, tooSmall, native.Options{MaxMemory: 100})
-			require.ErrorIs(t, err, native.ErrTooLarge)
+			require.ErrorIs(t, err, native.ErrCheckpointTooLarge)
 		})
 	}
 }

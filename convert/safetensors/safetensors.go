@@ -28,6 +28,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ckptkit/ckptkit/ckpterr"
+
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
@@ -44,13 +46,13 @@ const (
 
 // Errors Convert classifies with errors.Is.
 var (
-	// ErrUnsupportedDType: a tensor's dtype has no safetensors name.
-	ErrUnsupportedDType = errors.New("dtype not representable in safetensors")
-	// ErrTooLarge: a tensor cannot be read within the memory cap.
-	ErrTooLarge = errors.New("tensor does not fit the memory cap")
+	// ErrDTypeNotRepresentable: a tensor's dtype has no safetensors name.
+	ErrDTypeNotRepresentable = ckpterr.New(ckpterr.Unsupported, "dtype not representable in safetensors")
+	// ErrTensorTooLarge: a tensor cannot be read within the memory cap.
+	ErrTensorTooLarge = ckpterr.New(ckpterr.Usage, "tensor does not fit the memory cap")
 	// ErrNoTensors: nothing to convert (for instance --model-only on a
 	// checkpoint without model keys).
-	ErrNoTensors = errors.New("no tensors to convert")
+	ErrNoTensors = ckpterr.New(ckpterr.Usage, "no tensors to convert")
 )
 
 var dtypeNames = map[statedict.DType]string{
@@ -80,7 +82,7 @@ type Options struct {
 	// chunks it touches (read whole, for their CRC32C); the other three
 	// quarters leave the garbage collector room to free the previous slab
 	// (callers should also set debug.SetMemoryLimit to the cap, as the CLI
-	// does). A tensor whose smallest slab costs more fails with ErrTooLarge
+	// does). A tensor whose smallest slab costs more fails with ErrTensorTooLarge
 	// before anything is written.
 	MaxMemory int64
 	// Metadata is added to every file's "__metadata__".
@@ -222,7 +224,7 @@ func selectItems(md *metadata.Checkpoint, modelOnly bool, skipped *[]string) ([]
 		dt := statedict.DType(te.DType)
 		st, ok := DTypeName(dt)
 		if !ok {
-			return nil, fmt.Errorf("tensor %q: %w: %q", te.Key, ErrUnsupportedDType, te.DType)
+			return nil, fmt.Errorf("tensor %q: %w: %q", te.Key, ErrDTypeNotRepresentable, te.DType)
 		}
 		n := statedict.NumElements(te.Shape)
 		if n < 0 {
@@ -410,7 +412,7 @@ func slabs(te *metadata.TensorEntry, budget int64) ([]*[2]int64, error) {
 	if budget <= 0 || len(te.Shape) == 0 || te.Shape[0] == 0 {
 		if budget > 0 {
 			if c := wholeCost(te, elem); c > budget {
-				return nil, fmt.Errorf("tensor %q: %w: needs %d bytes, the cap allows %d per read; raise --max-memory", te.Key, ErrTooLarge, c, budget)
+				return nil, fmt.Errorf("tensor %q: %w: needs %d bytes, the cap allows %d per read; raise --max-memory", te.Key, ErrTensorTooLarge, c, budget)
 			}
 		}
 		return []*[2]int64{nil}, nil
@@ -446,7 +448,7 @@ func slabs(te *metadata.TensorEntry, budget int64) ([]*[2]int64, error) {
 		seg := points[i]
 		if cost(points[i-1], seg) > budget {
 			return nil, fmt.Errorf("tensor %q: %w: rows [%d,%d) need %d bytes (slab plus the stored chunks it touches), the cap allows %d per read; raise --max-memory",
-				te.Key, ErrTooLarge, points[i-1], seg, cost(points[i-1], seg), budget)
+				te.Key, ErrTensorTooLarge, points[i-1], seg, cost(points[i-1], seg), budget)
 		}
 		if cost(lo, seg) > budget {
 			out = append(out, &[2]int64{lo, points[i-1]})

@@ -146,7 +146,7 @@ func TestConvertRefusesTensorOverMemoryCap(t *testing.T) {
 	ckpttest.SaveStep(t, run, 9, s, 1) // one rank: each tensor is one chunk
 	out := sub(t, run, "hf")
 	_, err := safetensors.Convert(context.Background(), openStep(t, run, 9), out, safetensors.Options{MaxMemory: 1000})
-	require.ErrorIs(t, err, safetensors.ErrTooLarge)
+	require.ErrorIs(t, err, safetensors.ErrTensorTooLarge)
 	assert.Contains(t, err.Error(), "raise --max-memory")
 	ok, err := out.Exists(context.Background(), safetensors.SingleFile)
 	require.NoError(t, err)

@@ -27,7 +27,7 @@ func TestSlabs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []*[2]int64{{0, 8}}, r)
 	_, err = slabs(rows, 63)
-	require.ErrorIs(t, err, ErrTooLarge)
+	require.ErrorIs(t, err, ErrTensorTooLarge)
 
 	// Column shards: every row range touches both chunks, so the smallest
 	// slab holds them whole.
@@ -37,12 +37,12 @@ func TestSlabs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []*[2]int64{{0, 4}}, r)
 	_, err = slabs(cols, 127)
-	require.ErrorIs(t, err, ErrTooLarge)
+	require.ErrorIs(t, err, ErrTensorTooLarge)
 
 	scalar := &metadata.TensorEntry{Key: "s", DType: "float64", Chunks: []metadata.Chunk{{Length: 8}}}
 	r, err = slabs(scalar, 16)
 	require.NoError(t, err)
 	assert.Equal(t, []*[2]int64{nil}, r)
 	_, err = slabs(scalar, 15)
-	require.ErrorIs(t, err, ErrTooLarge)
+	require.ErrorIs(t, err, ErrTensorTooLarge)
 }

@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"hash/crc32"
 	"io"
 	"net/url"
@@ -21,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/conformance"
 )
 
@@ -163,7 +163,7 @@ func (h *HookReader) Read(p []byte) (int, error) {
 }
 
 // ErrSource is the error of a FailingSource.
-var ErrSource = errors.New("source exploded")
+var ErrSource = ckpterr.New(ckpterr.Internal, "source exploded")
 
 // FailingSource returns a reader that yields the first n bytes of r and
 // then fails with ErrSource.

@@ -20,6 +20,8 @@ package torchdcp
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // Sentinel errors. Every error this package returns wraps one of them (or an
@@ -27,25 +29,25 @@ import (
 var (
 	// ErrForbiddenGlobal: a pickle refers to a global (class or function)
 	// outside the allow-list. The error is a *ForbiddenGlobalError naming it.
-	ErrForbiddenGlobal = errors.New("torchdcp: forbidden pickle global")
+	ErrForbiddenGlobal = ckpterr.New(ckpterr.BadCheckpoint, "torchdcp: forbidden pickle global")
 	// ErrMalformed: the input is not a well-formed pickle, zip archive or
 	// DCP structure this package understands (truncated data, bad opcodes,
 	// wrong types, limits exceeded).
-	ErrMalformed = errors.New("torchdcp: malformed input")
+	ErrMalformed = ckpterr.New(ckpterr.BadCheckpoint, "torchdcp: malformed input")
 	// ErrOpaque: a torch.save value is well formed but is not a plain Python
 	// value (it holds tensors, objects, ...), so it cannot be returned as Go
 	// values.
-	ErrOpaque = errors.New("torchdcp: value is not a plain Python value")
+	ErrOpaque = ckpterr.New(ckpterr.Unsupported, "torchdcp: value is not a plain Python value")
 	// ErrUnsupportedTransform: an item was written through a storage
 	// transform (for example zstd compression, _StorageInfo's
 	// transform_descriptors), which this reader does not decode.
-	ErrUnsupportedTransform = errors.New("torchdcp: unsupported storage transform")
+	ErrUnsupportedTransform = ckpterr.New(ckpterr.Unsupported, "torchdcp: unsupported storage transform")
 	// ErrUnsupportedDType: a tensor uses a torch dtype ckptkit has no name
 	// for (complex128, float8, unsigned 16-64 bit, quantized types, ...).
-	ErrUnsupportedDType = errors.New("torchdcp: unsupported tensor dtype")
-	// ErrMismatch: a decoded item disagrees with the metadata (dtype or
+	ErrUnsupportedDType = ckpterr.New(ckpterr.Unsupported, "torchdcp: unsupported tensor dtype")
+	// ErrItemMismatch: a decoded item disagrees with the metadata (dtype or
 	// shape).
-	ErrMismatch = errors.New("torchdcp: item does not match its metadata")
+	ErrItemMismatch = ckpterr.New(ckpterr.BadCheckpoint, "torchdcp: item does not match its metadata")
 )
 
 // ForbiddenGlobalError names a refused pickle global. It matches
@@ -60,8 +62,8 @@ func (e *ForbiddenGlobalError) Error() string {
 	return fmt.Sprintf("%v %s.%s (not on the allow-list; nothing is executed)", ErrForbiddenGlobal, e.Module, e.Name)
 }
 
-// Is reports whether target is ErrForbiddenGlobal.
-func (e *ForbiddenGlobalError) Is(target error) bool { return target == ErrForbiddenGlobal }
+// Is reports whether target is ErrForbiddenGlobal or its ckpterr class.
+func (e *ForbiddenGlobalError) Is(target error) bool { return errors.Is(ErrForbiddenGlobal, target) }
 
 func malformed(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, a...))

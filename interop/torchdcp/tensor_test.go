@@ -117,10 +117,10 @@ func TestTensorChunkDecoderChecksMetadata(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, raw, 24)
 	_, err = decodeTensorItem(item, "float64", []int64{2, 3})
-	require.ErrorIs(t, err, ErrMismatch)
+	require.ErrorIs(t, err, ErrItemMismatch)
 	assert.Contains(t, err.Error(), "float64")
 	_, err = decodeTensorItem(item, "float32", []int64{3, 2})
-	require.ErrorIs(t, err, ErrMismatch)
+	require.ErrorIs(t, err, ErrItemMismatch)
 	assert.Contains(t, err.Error(), "[3 2]")
 }
 

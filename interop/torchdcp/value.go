@@ -136,10 +136,10 @@ func decodeTensorItem(stored []byte, dtype string, sizes []int64) ([]byte, error
 		return nil, err
 	}
 	if dt != dtype {
-		return nil, fmt.Errorf("%w: item holds %s, metadata says %s", ErrMismatch, dt, dtype)
+		return nil, fmt.Errorf("%w: item holds %s, metadata says %s", ErrItemMismatch, dt, dtype)
 	}
 	if !equalInts(shape, sizes) {
-		return nil, fmt.Errorf("%w: item has shape %v, metadata says chunk sizes %v", ErrMismatch, shape, sizes)
+		return nil, fmt.Errorf("%w: item has shape %v, metadata says chunk sizes %v", ErrItemMismatch, shape, sizes)
 	}
 	return raw, nil
 }

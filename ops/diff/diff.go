@@ -10,19 +10,20 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// ErrUnsupportedDType is returned when a tolerance comparison meets a dtype
+// ErrNotNumeric is returned when a tolerance comparison meets a dtype
 // it cannot decode as numbers.
-var ErrUnsupportedDType = errors.New("dtype cannot be compared numerically")
+var ErrNotNumeric = ckpterr.New(ckpterr.Unsupported, "dtype cannot be compared numerically")
 
 // Kinds of Difference.
 const (

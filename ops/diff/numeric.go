@@ -40,7 +40,7 @@ func decoder(dt statedict.DType) (func(b []byte, i int) (re, im float64), error)
 			return float64(math.Float32frombits(le.Uint32(b[8*i:]))), float64(math.Float32frombits(le.Uint32(b[8*i+4:])))
 		}, nil
 	}
-	return nil, fmt.Errorf("%w: %q", ErrUnsupportedDType, dt)
+	return nil, fmt.Errorf("%w: %q", ErrNotNumeric, dt)
 }
 
 // HalfToFloat64 decodes an IEEE 754 binary16 value.

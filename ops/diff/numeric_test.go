@@ -58,5 +58,5 @@ func TestMaxAbsDiff(t *testing.T) {
 		})
 	}
 	_, _, err := maxAbsDiff("float8", nil, nil, 0)
-	require.ErrorIs(t, err, ErrUnsupportedDType)
+	require.ErrorIs(t, err, ErrNotNumeric)
 }

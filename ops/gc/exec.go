@@ -43,7 +43,7 @@ func PlanRun(ctx context.Context, run *backend.Store, p Policy, deep bool, now t
 	switch {
 	case err == nil:
 		newest = e.Name
-	case !errors.Is(err, catalog.ErrNoCheckpoint):
+	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 		return nil, fmt.Errorf("gc %s: %w", run, err)
 	}
 	ds, err := Decide(entries, newest, p, now)

@@ -12,16 +12,17 @@
 package gc
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/metadata"
 )
 
 // ErrPolicy reports an invalid retention policy.
-var ErrPolicy = errors.New("invalid gc policy")
+var ErrPolicy = ckpterr.New(ckpterr.Usage, "invalid gc policy")
 
 // Policy says which checkpoints to keep. A committed checkpoint older than
 // the newest valid one is deleted unless one of KeepLast, KeepEvery or

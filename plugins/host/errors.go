@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ckptkit/ckptkit/ckpterr"
+
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	"google.golang.org/grpc/codes"
@@ -15,13 +17,13 @@ var (
 	// ErrPluginExited is wrapped by errors of calls whose plugin process
 	// exited (crashed, was killed) or whose connection broke mid-call. The
 	// next call restarts the plugin.
-	ErrPluginExited = errors.New("plugin process exited")
+	ErrPluginExited = ckpterr.New(ckpterr.Transient, "plugin process exited")
 	// ErrPluginClosed is returned by calls on a driver whose plugin was
 	// closed with Close or CloseAll.
-	ErrPluginClosed = errors.New("plugin closed")
+	ErrPluginClosed = ckpterr.New(ckpterr.Canceled, "plugin closed")
 	// ErrChecksumMismatch is wrapped by Discover's error for a binary whose
 	// SHA-256 differs from its pin; such a binary is never executed.
-	ErrChecksumMismatch = errors.New("plugin binary does not match its SHA-256 pin")
+	ErrChecksumMismatch = ckpterr.New(ckpterr.Access, "plugin binary does not match its SHA-256 pin")
 )
 
 // CallError is the error of a call forwarded to a plugin. It carries the
@@ -41,11 +43,14 @@ func (e *CallError) Error() string { return fmt.Sprintf("plugin %s: %s: %v", e.P
 // Unwrap returns the cause.
 func (e *CallError) Unwrap() error { return e.Err }
 
-// Is matches the sentinel of the error's code.
+// Is matches the sentinel of the error's code and, through it, its class.
 func (e *CallError) Is(target error) bool {
 	s := e.Code.Sentinel()
-	return s != nil && target == s
+	return s != nil && errors.Is(s, target)
 }
+
+// Class returns the ckpterr class of the error's code.
+func (e *CallError) Class() ckpterr.Class { return e.Code.Class() }
 
 // remoteError carries a plugin's message without re-wrapping it.
 type remoteError struct{ msg string }

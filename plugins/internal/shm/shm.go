@@ -13,19 +13,20 @@
 package shm
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
-// ErrUnsupported is returned where shared memory is not available (systems
+// ErrNoSharedMemory is returned where shared memory is not available (systems
 // other than Linux).
-var ErrUnsupported = errors.New("shared-memory bulk path not supported on this system")
+var ErrNoSharedMemory = ckpterr.New(ckpterr.Unsupported, "shared-memory bulk path not supported on this system")
 
 // ErrBadRef is wrapped by errors of slot references outside the segment.
-var ErrBadRef = errors.New("slot reference outside the shared segment")
+var ErrBadRef = ckpterr.New(ckpterr.Internal, "slot reference outside the shared segment")
 
 // Limits on a Layout, so that a malformed description cannot ask for an
 // absurd mapping.

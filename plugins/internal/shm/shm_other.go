@@ -7,13 +7,13 @@ import "os"
 // Supported tells whether this system has the shared-memory path.
 const Supported = false
 
-// Create returns ErrUnsupported outside Linux.
-func Create(Layout) (*Segment, *os.File, error) { return nil, nil, ErrUnsupported }
+// Create returns ErrNoSharedMemory outside Linux.
+func Create(Layout) (*Segment, *os.File, error) { return nil, nil, ErrNoSharedMemory }
 
-// Map returns ErrUnsupported outside Linux; it closes f.
+// Map returns ErrNoSharedMemory outside Linux; it closes f.
 func Map(f *os.File, _ Layout) (*Segment, error) {
 	f.Close()
-	return nil, ErrUnsupported
+	return nil, ErrNoSharedMemory
 }
 
 func (s *Segment) unmap() { s.mem = nil }
