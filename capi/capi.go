@@ -127,11 +127,14 @@ func storeOf(h C.uintptr_t) (*storeHandle, error) {
 	if h == 0 {
 		return nil, fmt.Errorf("%w: store handle is 0 (closed or never opened)", errUsage)
 	}
-	sh, ok := cgo.Handle(h).Value().(*storeHandle)
-	if !ok {
-		return nil, fmt.Errorf("%w: handle %d is not a store", errUsage, uintptr(h))
+	switch v := cgo.Handle(h).Value().(type) {
+	case *storeHandle:
+		return v, nil
+	case *ckptHandle:
+		// A checkpoint handle serves store calls on its prefix.
+		return &v.storeHandle, nil
 	}
-	return sh, nil
+	return nil, fmt.Errorf("%w: handle %d is not a store", errUsage, uintptr(h))
 }
 
 // cjson returns v as a C string of JSON.
@@ -166,20 +169,15 @@ func ckpt_open(url *C.char, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.
 
 //export ckpt_close
 func ckpt_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
+	if h == 0 {
+		return fail(fmt.Errorf("%w: store handle is 0", errUsage), cls, rule, msg)
+	}
+	sh, ok := cgo.Handle(h).Value().(*storeHandle)
+	if !ok {
+		return fail(fmt.Errorf("%w: handle %d is not a store (close checkpoints with ckpt_checkpoint_close)", errUsage, uintptr(h)), cls, rule, msg)
 	}
 	cgo.Handle(h).Delete()
-	countersMu.Lock()
-	for i, c := range counters {
-		if c == sh.cnt {
-			counters = append(counters[:i], counters[i+1:]...)
-			break
-		}
-	}
-	countersMu.Unlock()
-	if err := sh.st.Close(); err != nil {
+	if err := closeStore(sh); err != nil {
 		return fail(err, cls, rule, msg)
 	}
 	return 0

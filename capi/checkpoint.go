@@ -66,7 +66,7 @@ func ruleOf(err error) string {
 		return loader.RuleUncommitted
 	case errors.Is(err, loader.ErrMissingKeys):
 		return "missing-keys"
-	case errors.Is(err, loader.ErrMismatch):
+	case errors.Is(err, loader.ErrTargetMismatch):
 		return "mismatch"
 	}
 	return ""
@@ -154,7 +154,7 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	for _, s := range skips {
 		reasons = append(reasons, s.URL+": "+s.Reason)
 	}
-	return nil, fmt.Errorf("%s: %w: %d committed checkpoints, none valid (%s)", sh.st, catalog.ErrNoCheckpoint, committed, strings.Join(reasons, "; "))
+	return nil, fmt.Errorf("%s: %w: %d committed checkpoints, none valid (%s)", sh.st, catalog.ErrNoCommittedCheckpoint, committed, strings.Join(reasons, "; "))
 }
 
 func nonNil(s []skipped) []skipped {
@@ -217,7 +217,7 @@ func ckpt_checkpoint_metadata(h C.uintptr_t, out *unsafe.Pointer, n *C.int64_t, 
 		return fail(err, cls, rule, msg)
 	}
 	if ch.ck == nil {
-		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCheckpoint), cls, rule, msg)
+		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint), cls, rule, msg)
 	}
 	raw := ch.ck.RawMetadata()
 	*out = C.CBytes(raw)
@@ -250,10 +250,11 @@ type loadSpec struct {
 			Shape   []int64 `json:"shape"`
 			Offsets []int64 `json:"offsets"`
 			Sizes   []int64 `json:"sizes"`
-			// Ptr and NBytes are the C buffer the tensor's bytes are
-			// loaded into (row-major, contiguous, little-endian).
-			Ptr    uintptr `json:"ptr"`
-			NBytes int64   `json:"nbytes"`
+			// Buf indexes the buffers passed to ckpt_checkpoint_load:
+			// the C memory of NBytes bytes the tensor is loaded into
+			// (row-major, contiguous, little-endian).
+			Buf    int   `json:"buf"`
+			NBytes int64 `json:"nbytes"`
 		} `json:"tensors"`
 		Bytes []string `json:"bytes"`
 	} `json:"targets"`
@@ -279,21 +280,25 @@ type loadReport struct {
 // ckpt_checkpoint_load runs loader.Checkpoint.Load: the resume rules of
 // docs/RESUME.md are checked and every byte is read and CRC-checked before
 // any target buffer changes; then the tensors are copied into the C buffers
-// named by spec (JSON, see loadSpec). *report receives the JSON report,
-// bytes values included.
+// bufs (nbufs of them) that spec (JSON, see loadSpec) assigns to the target
+// tensors. *report receives the JSON report, bytes values included.
 //
 //export ckpt_checkpoint_load
-func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, report **C.char, cls *C.int, rule, msg **C.char) C.int {
+func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, report **C.char, cls *C.int, rule, msg **C.char) C.int {
 	ch, err := ckptOf(h)
 	if err != nil {
 		return fail(err, cls, rule, msg)
 	}
 	if ch.ck == nil {
-		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCheckpoint), cls, rule, msg)
+		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint), cls, rule, msg)
 	}
 	var ls loadSpec
 	if err := json.Unmarshal([]byte(C.GoString(spec)), &ls); err != nil {
 		return fail(fmt.Errorf("%w: load spec: %v", errUsage, err), cls, rule, msg)
+	}
+	var ptrs []unsafe.Pointer
+	if nbufs > 0 {
+		ptrs = unsafe.Slice(bufs, int(nbufs))
 	}
 	targets := make([]*statedict.StateDict, len(ls.Targets))
 	for r, t := range ls.Targets {
@@ -301,11 +306,11 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, report **C.char, cls *C.i
 		for _, ts := range t.Tensors {
 			var data []byte
 			if ts.NBytes > 0 {
-				if ts.Ptr == 0 {
-					return fail(fmt.Errorf("%w: tensor %q has no buffer", errUsage, ts.Key), cls, rule, msg)
+				if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
+					return fail(fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs)), cls, rule, msg)
 				}
 				// C memory owned by the caller for the duration of the call.
-				data = unsafe.Slice((*byte)(unsafe.Pointer(ts.Ptr)), int(ts.NBytes)) //nolint:govet
+				data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
 			} else {
 				data = []byte{}
 			}

@@ -7,8 +7,9 @@
 #                                     (default ~/.cache/ckptkit/torch-env)
 #   scripts/torch-env.sh status       exit 0 when it is built and torch imports
 #   scripts/torch-env.sh run CMD...   run CMD inside it, with the repo
-#                                     bind-mounted at /repo (and ../shared at
-#                                     /shared when it exists), cwd /repo
+#                                     bind-mounted at /run.PID/repo (the cwd;
+#                                     ../shared at /run.PID/shared when it
+#                                     exists), PYTHONPATH set to its python/
 #
 # The mirror comes from the host's apt sources (first http(s) Debian URI).
 # Mounts made by `run` are always removed by an EXIT trap. Needs root.
@@ -47,7 +48,7 @@ build() {
 	cp /etc/resolv.conf "$tmp/etc/resolv.conf" 2>/dev/null || true
 	(
 		mounts "$tmp"
-		trap 'unmounts "$tmp"' EXIT
+		trap unmounts EXIT
 		chroot "$tmp" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
 			sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
 	)
@@ -58,20 +59,26 @@ build() {
 	echo "torch-env: ready at $ENV_DIR" >&2
 }
 
+# MOUNTED lists the mount points this invocation made, so that concurrent
+# runs (several worktrees) never unmount each other's.
+MOUNTED=()
+
 mounts() {
 	local root=$1
-	mount -t proc proc "$root/proc"
-	mount --rbind /dev "$root/dev"
+	mount -t proc proc "$root/proc" && MOUNTED+=("$root/proc")
+	mount --rbind /dev "$root/dev" && MOUNTED+=("$root/dev")
 	mount --make-rslave "$root/dev"
-	mount -t tmpfs tmpfs "$root/dev/shm" 2>/dev/null || true
 }
 
 unmounts() {
-	local root=$1 p
-	# Deepest first; lazy so a straggling process cannot keep the mount alive.
-	for p in $(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
-		umount -l "$p" 2>/dev/null || true
+	local i
+	# Newest first; lazy, so a straggling process cannot keep a mount alive.
+	for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do
+		umount -l "${MOUNTED[i]}" 2>/dev/null || true
+		# rmdir removes only the empty mount points left behind.
+		if [[ ${MOUNTED[i]} == */run.* ]]; then rmdir "${MOUNTED[i]}" 2>/dev/null || true; fi
 	done
+	MOUNTED=()
 }
 
 run() {
@@ -80,26 +87,33 @@ run() {
 		return 2
 	fi
 	local root=$ENV_DIR
-	mkdir -p "$root/repo" "$root/shared"
-	trap 'unmounts "$root"' EXIT
+	# Per-invocation mount points: the repo at /run.PID/repo (cwd),
+	# ../shared at /run.PID/shared.
+	local inside=/run.$$
+	mkdir -p "$root$inside/repo" "$root$inside/shared"
+	trap unmounts EXIT
+	MOUNTED+=("$root$inside" "$root$inside/repo" "$root$inside/shared")
 	mounts "$root"
-	mount --bind "$REPO" "$root/repo"
+	mount --bind "$REPO" "$root$inside/repo" && MOUNTED+=("$root$inside/repo")
 	if [[ -d $REPO/../shared ]]; then
-		mount --bind "$REPO/../shared" "$root/shared"
+		mount --bind -o ro "$REPO/../shared" "$root$inside/shared" && MOUNTED+=("$root$inside/shared")
 	fi
 	# The chroot sees the host's network namespace, so the S3/GCS test
 	# servers on 127.0.0.1 are reachable with the host's URLs.
-	local status=0
+	local status=0 v
+	local -a pass=()
+	for v in CKPTKIT_TEST_S3_URL CKPTKIT_TEST_GCS_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION \
+		STORAGE_EMULATOR_HOST CKPTKIT_PLUGIN_DIR CKPTKIT_BENCH_DIR CKPTKIT_BENCH_BYTES CI; do
+		if [[ -n ${!v:-} ]]; then
+			pass+=("$v=${!v}")
+		fi
+	done
 	chroot "$root" /usr/bin/env -i \
 		PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 USE_LIBUV=0 \
-		PYTHONPATH=/repo/python PYTHONDONTWRITEBYTECODE=1 \
-		CKPTKIT_FIXTURES=/shared/fixtures \
-		${CKPTKIT_TEST_S3_URL:+CKPTKIT_TEST_S3_URL=$CKPTKIT_TEST_S3_URL} \
-		${CKPTKIT_TEST_GCS_URL:+CKPTKIT_TEST_GCS_URL=$CKPTKIT_TEST_GCS_URL} \
-		${CKPTKIT_PLUGIN_DIR:+CKPTKIT_PLUGIN_DIR=$CKPTKIT_PLUGIN_DIR} \
-		${CKPTKIT_BENCH_DIR:+CKPTKIT_BENCH_DIR=$CKPTKIT_BENCH_DIR} \
-		${CKPTKIT_BENCH_BYTES:+CKPTKIT_BENCH_BYTES=$CKPTKIT_BENCH_BYTES} \
-		sh -c 'cd /repo && exec "$@"' sh "$@" || status=$?
+		PYTHONPATH=$inside/repo/python PYTHONDONTWRITEBYTECODE=1 \
+		CKPTKIT_FIXTURES=$inside/shared/fixtures CKPTKIT_CKPT_BIN=$inside/repo/bin/ckpt \
+		"${pass[@]}" \
+		sh -c 'cd "$0" && exec "$@"' "$inside/repo" "$@" || status=$?
 	return "$status"
 }
 

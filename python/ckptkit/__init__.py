@@ -106,6 +106,7 @@ class Store:
 
     def __init__(self, url):
         self._h = ctypes.c_size_t(0)
+        self._borrowed = False
         _lib.call("ckpt_open", url.encode(), ctypes.byref(self._h))
         self.url = url
 
@@ -114,6 +115,7 @@ class Store:
         st = cls.__new__(cls)
         st._h = ctypes.c_size_t(handle)
         st.url = url
+        st._borrowed = True
         return st
 
     def _handle(self):
@@ -125,7 +127,8 @@ class Store:
         """Release the store (idempotent)."""
         if self._h.value:
             h, self._h = self._h, ctypes.c_size_t(0)
-            _lib.call("ckpt_close", h)
+            if not self._borrowed:
+                _lib.call("ckpt_close", h)
 
     def __enter__(self):
         return self

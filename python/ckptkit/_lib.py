@@ -48,7 +48,7 @@ _SIGNATURES = {
     "ckpt_checkpoint_open": ([ctypes.c_char_p, _uptr_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_metadata": ([ctypes.c_size_t, _void_pp, _i64_p] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_close": ([ctypes.c_size_t] + _ERR, ctypes.c_int),
-    "ckpt_checkpoint_load": ([ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_checkpoint_load": ([ctypes.c_size_t, ctypes.c_char_p, _void_pp, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
 }
 
 _lib = None
