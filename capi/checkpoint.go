@@ -166,23 +166,14 @@ func nonNil(s []skipped) []skipped {
 
 func newCkptHandle(sh *storeHandle, ck *loader.Checkpoint, name string, skips []skipped) *ckptHandle {
 	md := ck.Metadata()
-	h := &ckptHandle{storeHandle: storeHandle{st: ck.Store(), cnt: sh.cnt}, ck: ck}
+	h := &ckptHandle{storeHandle: storeHandle{st: ck.Store()}, ck: ck}
 	h.info = ckptInfo{URL: ck.URL(), Name: name, Step: md.Training.Iteration, Format: ck.FormatName(),
 		Iteration: md.Training.Iteration, Optimizer: string(md.Training.Optimizer), Skipped: nonNil(skips)}
 	return h
 }
 
-func closeStore(sh *storeHandle) error {
-	countersMu.Lock()
-	for i, c := range counters {
-		if c == sh.cnt {
-			counters = append(counters[:i], counters[i+1:]...)
-			break
-		}
-	}
-	countersMu.Unlock()
-	return sh.st.Close()
-}
+// closeStore closes a store (its counter, if any, stays counted).
+func closeStore(sh *storeHandle) error { return sh.st.Close() }
 
 // ckpt_checkpoint_open opens the checkpoint at url, or the newest committed
 // valid checkpoint of the run at url (as `ckpt latest`), reading its

@@ -82,9 +82,15 @@ def crc32c(data, crc=0):
 
 def io_count(op, suffix=""):
     """How many ``op`` calls ("read", "put", "stat", "list", "delete") on
-    keys ending with suffix the stores open in this process have made
-    (diagnostics and tests: "the metadata was read once")."""
+    keys ending with suffix the stores opened in this process have made
+    (diagnostics and tests: "the metadata was read once"). Counting is on
+    only when the process starts with CKPTKIT_IO_COUNT=1; otherwise -1."""
     return _lib.lib().ckpt_io_count(op.encode(), suffix.encode())
+
+
+def goroutines():
+    """The Go runtime's goroutine count (leak tests)."""
+    return _lib.lib().ckpt_goroutines()
 
 
 class ObjectInfo:

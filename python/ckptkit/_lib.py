@@ -45,6 +45,7 @@ _SIGNATURES = {
     "ckpt_list": ([ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_delete": ([ctypes.c_size_t, ctypes.c_char_p] + _ERR, ctypes.c_int),
     "ckpt_io_count": ([ctypes.c_char_p, ctypes.c_char_p], ctypes.c_int64),
+    "ckpt_goroutines": ([], ctypes.c_int64),
     "ckpt_checkpoint_open": ([ctypes.c_char_p, _uptr_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_metadata": ([ctypes.c_size_t, _void_pp, _i64_p] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_close": ([ctypes.c_size_t] + _ERR, ctypes.c_int),
