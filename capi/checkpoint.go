@@ -116,6 +116,7 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Skipped: []skipped{}}}, nil
 	}
 	var skips []skipped
+	var newestErr error // the rule the newest committed checkpoint broke
 	committed := 0
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
@@ -131,6 +132,9 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 		c, err := loader.Open(ctx, sub)
 		if err != nil {
 			skips = append(skips, skipped{URL: e.URL, Reason: err.Error()})
+			if newestErr == nil {
+				newestErr = err
+			}
 			continue
 		}
 		rep := &loader.VerifyReport{URL: c.URL()}
@@ -138,7 +142,11 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 			return nil, err
 		}
 		if len(rep.Problems) > 0 {
-			skips = append(skips, skipped{URL: e.URL, Reason: rep.Problems[0].Rule + ": " + rep.Problems[0].Message})
+			p := rep.Problems[0]
+			skips = append(skips, skipped{URL: e.URL, Reason: p.Rule + ": " + p.Message})
+			if newestErr == nil {
+				newestErr = fmt.Errorf("%w: %s", ruleError(p.Rule), p.Message)
+			}
 			continue
 		}
 		h := newCkptHandle(sh, c, e.Name, skips)
@@ -154,7 +162,27 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	for _, s := range skips {
 		reasons = append(reasons, s.URL+": "+s.Reason)
 	}
-	return nil, fmt.Errorf("%s: %w: %d committed checkpoints, none valid (%s)", sh.st, catalog.ErrNoCommittedCheckpoint, committed, strings.Join(reasons, "; "))
+	// The newest checkpoint's problem comes first in the chain: it decides
+	// the class and the rule the caller sees.
+	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid: %s)", sh.st, newestErr, catalog.ErrNoCommittedCheckpoint, committed, strings.Join(reasons, "; "))
+}
+
+// ruleError is the loader sentinel of a verify rule (for a run whose
+// checkpoints all fail verify), loader.ErrIncomplete for unknown rules.
+func ruleError(rule string) error {
+	switch rule {
+	case loader.RulePartialOptimizer:
+		return loader.ErrPartialOptimizerState
+	case loader.RuleLayoutMismatch:
+		return loader.ErrLayoutMismatch
+	case loader.RuleShardCoverage:
+		return planner.ErrCoverage
+	case loader.RuleChecksum:
+		return loader.ErrChecksum
+	case loader.RuleMissingObject, loader.RuleObjectSize:
+		return loader.ErrMissingObject
+	}
+	return loader.ErrIncomplete
 }
 
 func nonNil(s []skipped) []skipped {
