@@ -37,7 +37,9 @@ from torch.futures import Future
 
 import ckptkit
 from ckptkit import _lib
-from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
+from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
+
+from ._torchsave import serialize_tensor, view_tensor
 
 METADATA_KEY = ".metadata"
 INTEGRITY_KEY = ".ckptkit-integrity"
@@ -251,9 +253,7 @@ def _serialize(planner, wi):
         t = t.cpu()
     if t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone()
-    b = io.BytesIO()
-    torch.save(t, b)
-    return b.getbuffer()
+    return serialize_tensor(t)
 
 
 class StorageReader(_TorchStorageReader):
@@ -332,9 +332,12 @@ class StorageReader(_TorchStorageReader):
 
         def run(r):
             path, start, end, reqs = r
-            buf = bytearray(end - start)
-            ck.read_into(path, start, buf)
-            mv = memoryview(buf)
+            # Uninitialised memory (torch.empty) instead of a zero-filled
+            # bytearray; the tensors viewing it keep it alive.
+            n = end - start
+            backing = torch.empty(n, dtype=torch.uint8)
+            mv = memoryview((ctypes.c_char * n).from_address(backing.data_ptr())).cast("B") if n else memoryview(bytearray())
+            ck.read_into(path, start, mv)
             for off, ln, req in reqs:
                 item = mv[off - start:off - start + ln]
                 if self.crcs is not None:
@@ -349,7 +352,11 @@ class StorageReader(_TorchStorageReader):
                     with lock:
                         planner.load_bytes(req, io.BytesIO(item))
                     continue
-                t = torch.load(io.BytesIO(item), map_location="cpu", weights_only=True)
+                # A view of the read buffer when the archive is the plain
+                # layout (no copy); torch.load otherwise.
+                t = view_tensor(item)
+                if t is None:
+                    t = torch.load(io.BytesIO(item), map_location="cpu", weights_only=True)
                 t = _narrow(t, req.storage_offsets, req.lengths)
                 with lock:
                     dst = planner.resolve_tensor(req).detach()
