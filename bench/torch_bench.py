@@ -52,7 +52,14 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", default=os.environ.get("CKPTKIT_BENCH_DIR", tempfile.gettempdir()))
     ap.add_argument("--json", default="")
+    ap.add_argument("--part-size", type=int, default=0, help="StorageWriter part_size (default: its default)")
+    ap.add_argument("--concurrency", type=int, default=0, help="StorageWriter/Reader concurrency (default: theirs)")
     args = ap.parse_args()
+    wopts, ropts = {}, {}
+    if args.part_size:
+        wopts["part_size"] = args.part_size
+    if args.concurrency:
+        wopts["concurrency"] = ropts["concurrency"] = args.concurrency
     sd = state(args.bytes)
     nbytes = sum(v.numel() * v.element_size() for v in sd.values() if torch.is_tensor(v))
     work = tempfile.mkdtemp(prefix="torch-bench-", dir=args.dir)
@@ -66,14 +73,14 @@ def main():
                 if side == "torch":
                     res["torch_save"].append(timed(lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(d))))
                 else:
-                    res["ckptkit_save"].append(timed(lambda: dcp.save(sd, storage_writer=StorageWriter("file://" + d))))
+                    res["ckptkit_save"].append(timed(lambda: dcp.save(sd, storage_writer=StorageWriter("file://" + d, **wopts))))
             for side in order:
                 d = os.path.join(work, f"{side}-{run}")
                 out = zeros_like(sd)
                 if side == "torch":
                     res["torch_load"].append(timed(lambda: dcp.load(out, storage_reader=dcp.FileSystemReader(d))))
                 else:
-                    res["ckptkit_load"].append(timed(lambda: dcp.load(out, storage_reader=StorageReader("file://" + d))))
+                    res["ckptkit_load"].append(timed(lambda: dcp.load(out, storage_reader=StorageReader("file://" + d, **ropts))))
                 assert all(torch.equal(out[k], sd[k]) for k in sd if torch.is_tensor(sd[k]))
             for side in order:
                 shutil.rmtree(os.path.join(work, f"{side}-{run}"))

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import pickle
+import queue
 import threading
 import uuid
 
@@ -39,7 +40,7 @@ import ckptkit
 from ckptkit import _lib
 from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
 
-from ._torchsave import serialize_tensor, view_tensor
+from ._torchsave import view_tensor
 
 METADATA_KEY = ".metadata"
 INTEGRITY_KEY = ".ckptkit-integrity"
@@ -102,7 +103,7 @@ class StorageWriter(_TorchStorageWriter):
     ``optimizer`` (the training-state record's optimizer part written to the
     integrity object: "saved", "omitted" or None). Memory beyond torch's own
     tensors: at most ``concurrency`` parts of serialized bytes in flight, plus
-    the part being filled.
+    the part being filled: (concurrency + 1) x part_size bytes, reused.
     """
 
     def __init__(self, url, *, part_size=DEFAULT_PART_SIZE, concurrency=DEFAULT_CONCURRENCY, overwrite=False,
@@ -149,47 +150,45 @@ class StorageWriter(_TorchStorageWriter):
         items += [wi for wi in plan.items if wi.type != WriteItemType.BYTE_IO]
         results = []
         lock = threading.Lock()
-        slots = threading.Semaphore(self.concurrency)
+        # concurrency parts uploading plus one being filled; reused, so a
+        # save touches (concurrency + 1) x part_size bytes of memory.
+        free = queue.Queue()
+        for _ in range(self.concurrency + 1):
+            free.put(_Part(self.part_size))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
         futures = []
 
-        def upload(name, bufs, wis):
+        def upload(name, part):
             try:
-                _, crcs = st.put(name, bufs)
-                off = 0
-                out = []
-                for wi, b, crc in zip(wis, bufs, crcs):
-                    n = memoryview(b).nbytes
-                    out.append(WriteResult(index=wi.index, size_in_bytes=n,
-                                           storage_data=_StoredItem(name, off, n, crc)))
-                    off += n
+                whole = memoryview(part.buf)
+                views = [whole[off : off + n] for _, off, n in part.items]
+                _, crcs = st.put(name, views)
+                out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc))
+                       for (wi, off, n), crc in zip(part.items, crcs)]
+                for v in views:
+                    v.release()
+                whole.release()
                 with lock:
                     results.extend(out)
             finally:
-                slots.release()
+                part.reset()
+                free.put(part)
 
-        part, part_items, part_bytes, count = [], [], 0, 0
-
-        def flush():
-            nonlocal part, part_items, part_bytes, count
-            if not part:
-                return
-            name = f"{prefix}{count}.distcp"
-            count += 1
-            slots.acquire()
-            futures.append(pool.submit(upload, name, part, part_items))
-            part, part_items, part_bytes = [], [], 0
-
+        count = 0
+        part = None
         try:
             for wi in items:
-                buf = _serialize(planner, wi)
-                n = memoryview(buf).nbytes
-                if part and part_bytes + n > self.part_size:
-                    flush()
-                part.append(buf)
-                part_items.append(wi)
-                part_bytes += n
-            flush()
+                if part is None:
+                    part = free.get()
+                if part.pos and part.pos + _estimate(wi) > self.part_size:
+                    futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
+                    count += 1
+                    part = free.get()
+                start = part.pos
+                _serialize_into(planner, wi, part)
+                part.items.append((wi, start, part.pos - start))
+            if part is not None and part.items:
+                futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
             for f in futures:
                 f.result()
         finally:
@@ -242,18 +241,61 @@ class StorageWriter(_TorchStorageWriter):
         return self.url
 
 
-def _serialize(planner, wi):
-    """One item's stored bytes: the BytesIO of a bytes item, or torch.save of
-    a tensor (its own storage only, like FileSystemWriter)."""
+class _Part:
+    """One data object being filled: a reusable buffer, its fill position and
+    the items in it (write item, offset, length). torch.save writes into it
+    like a file."""
+
+    def __init__(self, cap):
+        self.buf = bytearray(cap)
+        self.reset()
+
+    def reset(self):
+        self.pos = 0
+        self.items = []
+
+    def write(self, b):
+        mv = memoryview(b).cast("B")
+        end = self.pos + mv.nbytes
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[self.pos : end] = mv
+        self.pos = end
+        return mv.nbytes
+
+    def flush(self):
+        pass
+
+    def tell(self):
+        return self.pos
+
+    def writable(self):
+        return True
+
+
+def _estimate(wi):
+    """An item's serialized size, about (torch.save adds < 1 KiB)."""
+    if wi.type == WriteItemType.BYTE_IO or wi.tensor_data is None:
+        return 4096
+    n = 1
+    for d in wi.tensor_data.size:
+        n *= d
+    return n * torch._utils._element_size(wi.tensor_data.properties.dtype) + 1024
+
+
+def _serialize_into(planner, wi, part):
+    """Append one item's stored bytes to part: the BytesIO of a bytes item,
+    or torch.save of a tensor (its own storage only, like FileSystemWriter)."""
     data = planner.resolve_data(wi)
     if wi.type == WriteItemType.BYTE_IO:
-        return data.getbuffer()
+        part.write(data.getbuffer())
+        return
     t = data.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     if t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone()
-    return serialize_tensor(t)
+    torch.save(t, part)
 
 
 class StorageReader(_TorchStorageReader):
@@ -329,13 +371,17 @@ class StorageReader(_TorchStorageReader):
                     cur = [path, off, off + ln, [(off, ln, req)]]
                     reads.append(cur)
         lock = threading.Lock()
+        local = threading.local()
 
         def run(r):
             path, start, end, reqs = r
-            # Uninitialised memory (torch.empty) instead of a zero-filled
-            # bytearray; the tensors viewing it keep it alive.
+            # One reusable read buffer per thread (uninitialised memory, so
+            # no page is zeroed or faulted in twice); every view of it is
+            # copied into its destination before the next read.
             n = end - start
-            backing = torch.empty(n, dtype=torch.uint8)
+            backing = getattr(local, "buf", None)
+            if backing is None or backing.numel() < n:
+                backing = local.buf = torch.empty(max(n, self.max_read), dtype=torch.uint8)
             mv = memoryview((ctypes.c_char * n).from_address(backing.data_ptr())).cast("B") if n else memoryview(bytearray())
             ck.read_into(path, start, mv)
             for off, ln, req in reqs:

@@ -1,11 +1,10 @@
-"""Fast paths for the torch.save archives DCP stores one per item.
+"""A fast path for the torch.save archives DCP stores one per item.
 
-* ``serialize_tensor``: torch.save of a tensor into memory.
-* ``view_tensor``: the tensor stored in a torch.save archive, as a view of
+``view_tensor``: the tensor stored in a torch.save archive, as a view of
   the archive's bytes (no copy), found through the zip central directory
   and a restricted reading of ``data.pkl`` that only knows
   ``torch._utils._rebuild_tensor_v2`` and the storage classes. Anything
-  else returns None, and the caller falls back to ``torch.load``.
+else returns None, and the caller falls back to ``torch.load``.
 """
 
 import collections
@@ -28,13 +27,6 @@ _STORAGE_DTYPES = {
     "BoolStorage": torch.bool,
     "ComplexFloatStorage": torch.complex64,
 }
-
-def serialize_tensor(t):
-    """torch.save(t) into memory, as a memoryview (no further copy)."""
-    b = io.BytesIO()
-    torch.save(t, b)
-    return b.getbuffer()
-
 
 class _Rebuilt:
     __slots__ = ("key", "dtype", "offset", "size", "stride")
