@@ -39,7 +39,8 @@ fi
 # the run; otherwise a missing environment skips the suite, loudly.
 py_status=0
 if bash scripts/torch-env.sh status || { [[ "${CI:-}" == "true" ]] && bash scripts/torch-env.sh build; }; then
-	if make -s python && CGO_ENABLED=0 go build -o bin/ckpt ./cmd/ckpt; then
+	if make -s python && CGO_ENABLED=0 go build -o bin/ckpt ./cmd/ckpt &&
+		CGO_ENABLED=0 go build -o bin/plugins/fsplugin ./plugins/examples/fsplugin; then
 		echo
 		echo "== Python suite (torch environment) =="
 		bash scripts/torch-env.sh run python3 -m pytest -q -p no:cacheprovider python/tests || py_status=$?

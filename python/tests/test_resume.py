@@ -248,3 +248,17 @@ def test_torch_written_checkpoint_resumes(file_url):
     train(m2, opt2, sched2, 2, seed=5)
     for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_flipped_byte_is_refused_by_resume_before_anything_changes(file_url):
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=3, scheduler=sched)
+    from test_dcp import _flip_byte_in_tensor
+
+    obj, _ = _flip_byte_in_tensor(file_url[len("file://"):] + "/step-00000003", "model.head.weight")
+    m2, opt2, sched2 = _trained(steps=1)
+    before = snapshot(m2, opt2)
+    with pytest.raises(ckptkit.ChecksumError) as e:
+        resume(step_url(file_url, 3), m2, opt2, scheduler=sched2)
+    assert "model.head.weight" in str(e.value) and obj in str(e.value) and "offset" in str(e.value)
+    assert same(before, snapshot(m2, opt2))
