@@ -15,8 +15,9 @@ import (
 )
 
 // Driver is the interface a storage backend implements. Keys passed to a
-// driver are already validated and prefixed by the Store: slash-separated,
-// relative, with no empty, "." or ".." segments and no NUL byte.
+// driver are already validated and prefixed by the Store: valid UTF-8,
+// slash-separated, relative, with no empty, "." or ".." segments and no NUL
+// byte.
 //
 // Every method honours ctx: cancellation stops work promptly and, for Put,
 // publishes nothing.
@@ -31,7 +32,11 @@ type Driver interface {
 	// bytes, or ctx is cancelled, the previous object (or nothing) stays in
 	// place. With opts.IfNotExists set, Put fails with CodeAlreadyExists when
 	// the key exists (drivers without Capabilities.CreateIfAbsent are never
-	// asked). r is consumed once; the Store handles retries.
+	// asked). r is consumed once; the Store handles retries. Through a
+	// Store, r is an exact-size body: it yields exactly size bytes and then
+	// io.EOF, or fails (a short or over-long source, a cancelled ctx), and
+	// the Store is the one place that checks this; a driver only has to
+	// publish nothing when r fails.
 	Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error
 
 	// Stat returns the attributes of key, or CodeNotFound.
@@ -42,6 +47,18 @@ type Driver interface {
 	// listing first when the backend pages). If fn returns an error, List
 	// stops and returns it.
 	List(ctx context.Context, prefix string, fn func(ObjectInfo) error) error
+
+	// ListDelimited is the one-level ("/"-delimited) listing under prefix
+	// ("" or ending in "/"): it calls fn once for every object whose key
+	// after prefix holds no "/", and once for every deeper level that holds
+	// at least one object, as an ObjectInfo with IsPrefix set, Key the
+	// common prefix including its trailing "/" and zero Size and ModTime.
+	// Objects below a common prefix are not enumerated (natively: S3 and
+	// GCS delimiter queries, a directory read on a file system). Entries
+	// come in no guaranteed order (object stores return objects and common
+	// prefixes in separate lists). If fn returns an error, ListDelimited
+	// stops and returns it.
+	ListDelimited(ctx context.Context, prefix string, fn func(ObjectInfo) error) error
 
 	// Delete removes key. Deleting a missing key succeeds.
 	Delete(ctx context.Context, key string) error
@@ -81,7 +98,13 @@ type ObjectInfo struct {
 	Key     string
 	Size    int64
 	ModTime time.Time
+	// IsPrefix marks a common prefix of a delimited listing (Key ends in
+	// "/"); List never sets it.
+	IsPrefix bool
 }
+
+// Delimiter separates the levels of a key for ListDelimited.
+const Delimiter = "/"
 
 // Capabilities is what a driver declares it can do.
 type Capabilities struct {

@@ -6,25 +6,38 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
-// RetryPolicy says how a Store retries transient failures. Only calls whose
-// body can be replayed (reads, stats, lists before their first entry, and
-// writes whose source is an io.Seeker) are retried.
+// RetryPolicy says how a Store retries transient failures. The Store is the
+// one owner of retries: drivers configure their SDKs for a single attempt
+// (minio-go MaxRetries 1, a never-retry predicate on the GCS client), and
+// a driver that retries a smaller unit (an S3 upload part) does so with
+// RetryWithin, under this policy, and a unit that used up its attempts
+// ends the call's retries. So a request that keeps failing is tried
+// Attempts times in all, never Attempts times the SDK's count. Only
+// calls whose body can be replayed (reads, stats, lists before their first
+// entry, and writes whose source is an io.Seeker) are retried.
 type RetryPolicy struct {
-	// Attempts is the total number of tries (1 disables retries).
+	// Attempts is the total number of tries of one request: of a call,
+	// or of one part of it that a driver retries (1 disables retries).
 	Attempts int
-	// BaseDelay is the first backoff; it doubles per retry, with jitter.
+	// BaseDelay is the first backoff; it doubles per retry, with jitter
+	// (see Backoff).
 	BaseDelay time.Duration
 	// MaxDelay caps one backoff.
 	MaxDelay time.Duration
+	// Budget, when positive, bounds the time from a call's first attempt
+	// after which no further retry starts.
+	Budget time.Duration
 }
 
 // DefaultRetryPolicy is used by Open and NewStore.
+// It has no time Budget: an attempt of a multi-GiB upload may itself take
+// minutes, and a transient failure at its end deserves its retries.
 var DefaultRetryPolicy = RetryPolicy{Attempts: 4, BaseDelay: 100 * time.Millisecond, MaxDelay: 3 * time.Second}
 
 // Store is the portable handle on a driver rooted at a prefix. It validates
@@ -124,36 +137,38 @@ func (s *Store) full(key string) (string, error) {
 }
 
 // retryLoop runs f until it succeeds, fails permanently, ctx ends or the
-// attempts are used up. f returns a classified error.
-func (s *Store) retryLoop(ctx context.Context, f func() error) error {
-	attempts := max(s.retry.Attempts, 1)
-	delay := s.retry.BaseDelay
-	var err error
-	for i := 0; i < attempts; i++ {
-		if err = f(); err == nil || !IsTransient(err) || i == attempts-1 {
+// retry budget is spent. f returns a classified error; the ctx it is given
+// carries the budget, for drivers that retry parts (RetryWithin).
+func (s *Store) retryLoop(ctx context.Context, f func(ctx context.Context) error) error {
+	bctx, b := s.withBudget(ctx)
+	bo := Backoff{Base: s.retry.BaseDelay, Max: s.retry.MaxDelay}
+	for {
+		err := f(bctx)
+		if err == nil || !IsTransient(err) || ctx.Err() != nil || !b.take() {
 			return err
 		}
-		d := delay + time.Duration(rand.Int64N(int64(delay)/2+1))
-		if s.retry.MaxDelay > 0 && d > s.retry.MaxDelay {
-			d = s.retry.MaxDelay
+		if werr := bo.Wait(ctx); werr != nil {
+			return fmt.Errorf("%w (while retrying: %w)", werr, err)
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (while retrying: %w)", ctx.Err(), err)
-		case <-t.C:
-		}
-		delay *= 2
 	}
-	return err
+}
+
+// withBudget returns ctx carrying a fresh retry budget of s's policy for
+// one call, and the budget.
+func (s *Store) withBudget(ctx context.Context) (context.Context, *budget) {
+	b := &budget{policy: s.retry}
+	b.left.Store(int64(max(s.retry.Attempts, 1) - 1))
+	if s.retry.Budget > 0 {
+		b.deadline = time.Now().Add(s.retry.Budget)
+	}
+	return context.WithValue(ctx, budgetKey{}, b), b
 }
 
 // NewRangeReader opens length bytes of key from offset (length < 0: to the
 // end). Opening is retried on transient errors; the stream itself is not.
 func (s *Store) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
 	var rc io.ReadCloser
-	err := s.retryLoop(ctx, func() error {
+	err := s.retryLoop(ctx, func(ctx context.Context) error {
 		var e error
 		rc, e = s.open(ctx, key, offset, length)
 		return e
@@ -196,7 +211,7 @@ func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Clo
 // ReadRange reads exactly len(dst) bytes of key at offset into dst. A short
 // object is an io.ErrUnexpectedEOF naming the key.
 func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []byte) error {
-	return s.retryLoop(ctx, func() error {
+	return s.retryLoop(ctx, func(ctx context.Context) error {
 		rc, err := s.open(ctx, key, offset, int64(len(dst)))
 		if err != nil {
 			return err
@@ -217,7 +232,7 @@ func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []b
 // (limit <= 0: no limit).
 func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, error) {
 	var out []byte
-	err := s.retryLoop(ctx, func() error {
+	err := s.retryLoop(ctx, func(ctx context.Context) error {
 		rc, err := s.open(ctx, key, 0, -1)
 		if err != nil {
 			return err
@@ -262,7 +277,7 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 			canRewind = false
 		}
 	}
-	attempt := func() error {
+	attempt := func(ctx context.Context) error {
 		sr := &sizedReader{ctx: ctx, r: r, remaining: size}
 		if size == 0 {
 			// A driver may publish an empty object without reading the body
@@ -289,17 +304,18 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 	}
 	if !canRewind {
 		// A body that cannot be replayed gets one attempt, and its real
-		// error.
-		return attempt()
+		// error; the driver may still retry parts it buffered itself.
+		bctx, _ := s.withBudget(ctx)
+		return attempt(bctx)
 	}
 	retried := false
-	err = s.retryLoop(ctx, func() error {
+	err = s.retryLoop(ctx, func(ctx context.Context) error {
 		if retried {
 			if _, err := seeker.Seek(start, io.SeekStart); err != nil {
 				return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("rewind source: %w", err)}
 			}
 		}
-		err := attempt()
+		err := attempt(ctx)
 		if retried && opts.IfNotExists && errors.Is(err, ErrAlreadyExists) {
 			// The failed attempt may have committed before its response was
 			// lost: if the object holds exactly our bytes, the write is ours.
@@ -421,7 +437,7 @@ func (s *Store) Stat(ctx context.Context, key string) (Attributes, error) {
 		return Attributes{}, err
 	}
 	var a Attributes
-	err = s.retryLoop(ctx, func() error {
+	err = s.retryLoop(ctx, func(ctx context.Context) error {
 		var e error
 		a, e = s.drv.Stat(ctx, full)
 		return s.wrap("stat", key, e)
@@ -445,13 +461,34 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 	if err != nil {
 		return &Error{Op: "list", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
 	}
+	return s.list(ctx, "list", prefix, p, s.drv.List, fn)
+}
+
+// ListDelimited lists one level under prefix ("" or ending in "/",
+// relative to the store): every object directly under it, and every
+// deeper level once as an ObjectInfo with IsPrefix set and Key ending in
+// "/" (see Driver.ListDelimited), without enumerating the objects below
+// those levels. Entries come in no guaranteed order.
+func (s *Store) ListDelimited(ctx context.Context, prefix string, fn func(ObjectInfo) error) error {
+	p, err := cleanListPrefix(prefix)
+	if err == nil && p != "" && !strings.HasSuffix(p, Delimiter) {
+		err = fmt.Errorf("delimited listing prefix %q must be empty or end in %q: %w", prefix, Delimiter, ErrInvalidKey)
+	}
+	if err != nil {
+		return &Error{Op: "list", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
+	}
+	return s.list(ctx, "list", prefix, p, s.drv.ListDelimited, fn)
+}
+
+// list runs one driver listing of s.prefix+p with the Store's retry rule.
+func (s *Store) list(ctx context.Context, op, prefix, p string, drvList func(context.Context, string, func(ObjectInfo) error) error, fn func(ObjectInfo) error) error {
 	// A listing is retried only while nothing has been delivered: after
 	// that a failure is returned, never a silently shortened listing.
 	started := false
 	var fnErr error
 	errStarted := errors.New("listing failed after entries were delivered")
-	err = s.retryLoop(ctx, func() error {
-		e := s.drv.List(ctx, s.prefix+p, func(o ObjectInfo) error {
+	err := s.retryLoop(ctx, func(ctx context.Context) error {
+		e := drvList(ctx, s.prefix+p, func(o ObjectInfo) error {
 			started = true
 			o.Key = strings.TrimPrefix(o.Key, s.prefix)
 			if err := ctx.Err(); err != nil {
@@ -465,14 +502,14 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 		})
 		switch {
 		case fnErr != nil:
-			return &Error{Op: "list", URL: s.URL(prefix), Code: CodeUnknown, Err: fnErr}
+			return &Error{Op: op, URL: s.URL(prefix), Code: CodeUnknown, Err: fnErr}
 		case e != nil && started:
-			if w := s.wrap("list", prefix, e); !IsTransient(w) {
+			if w := s.wrap(op, prefix, e); !IsTransient(w) {
 				return w
 			}
-			return &Error{Op: "list", URL: s.URL(prefix), Code: CodeUnknown, Err: fmt.Errorf("%w: %w", errStarted, e)}
+			return &Error{Op: op, URL: s.URL(prefix), Code: CodeUnknown, Err: fmt.Errorf("%w: %w", errStarted, e)}
 		}
-		return s.wrap("list", prefix, e)
+		return s.wrap(op, prefix, e)
 	})
 	if fnErr != nil {
 		return fnErr
@@ -486,7 +523,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	return s.retryLoop(ctx, func() error {
+	return s.retryLoop(ctx, func(ctx context.Context) error {
 		e := s.wrap("delete", key, s.drv.Delete(ctx, full))
 		if errors.Is(e, ErrNotFound) {
 			return nil
@@ -495,11 +532,15 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	})
 }
 
-// ValidateKey checks that key is a clean relative slash-separated key: not
-// empty, not absolute, no NUL, no empty, "." or ".." segments.
+// ValidateKey checks that key is a clean relative slash-separated key:
+// valid UTF-8 (object stores and file systems name objects by Unicode
+// text), not empty, not absolute, no NUL, no empty, "." or ".." segments.
 func ValidateKey(key string) error {
 	if key == "" {
 		return fmt.Errorf("empty key: %w", ErrInvalidKey)
+	}
+	if !utf8.ValidString(key) {
+		return fmt.Errorf("key %q is not valid UTF-8: %w", key, ErrInvalidKey)
 	}
 	if strings.ContainsRune(key, 0) {
 		return fmt.Errorf("key %q holds a NUL byte: %w", key, ErrInvalidKey)

@@ -13,9 +13,9 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/cgo"
-	"strings"
 	"unsafe"
 
+	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/planner"
@@ -106,81 +106,53 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	if !errors.Is(err, loader.ErrNoCheckpoint) {
 		return nil, err
 	}
-	entries, lerr := catalog.List(ctx, sh.st)
-	if lerr != nil {
-		return nil, lerr
-	}
-	if len(entries) == 0 {
-		// Neither a checkpoint nor a run with checkpoints: a fresh run.
-		ok = true
-		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Skipped: []skipped{}}}, nil
-	}
-	var skips []skipped
-	var newestErr error // the rule the newest committed checkpoint broke
+	found, skips, err := catalog.Latest(ctx, sh.st, false)
+	var out []skipped
 	committed := 0
-	for i := len(entries) - 1; i >= 0; i-- {
-		e := entries[i]
-		if !e.Committed {
-			skips = append(skips, skipped{URL: e.URL, Reason: "uncommitted (no metadata object)"})
-			continue
+	for _, sk := range skips {
+		out = append(out, skipped{URL: sk.Entry.URL, Reason: sk.Reason})
+		if sk.Entry.Committed {
+			committed++
 		}
-		committed++
-		sub, err := sh.st.Sub(e.Name)
-		if err != nil {
-			return nil, err
-		}
-		c, err := loader.Open(ctx, sub)
-		if err != nil {
-			skips = append(skips, skipped{URL: e.URL, Reason: err.Error()})
-			if newestErr == nil {
-				newestErr = err
-			}
-			continue
-		}
-		rep := &loader.VerifyReport{URL: c.URL()}
-		if err := c.VerifyInto(ctx, rep, loader.VerifyOptions{}); err != nil {
-			return nil, err
-		}
-		if len(rep.Problems) > 0 {
-			p := rep.Problems[0]
-			skips = append(skips, skipped{URL: e.URL, Reason: p.Rule + ": " + p.Message})
-			if newestErr == nil {
-				newestErr = fmt.Errorf("%w: %s", ruleError(p.Rule), p.Message)
-			}
-			continue
-		}
-		h := newCkptHandle(sh, c, e.Name, skips)
-		h.info.Step = e.Step
+	}
+	switch {
+	case err == nil:
+		h := newCkptHandle(sh, found.Checkpoint, found.Name, out)
+		h.info.Step = found.Step
 		ok = true
 		return h, nil
-	}
-	if committed == 0 {
+	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
+		return nil, err
+	case committed == 0:
+		// A fresh run (or only uncommitted prefixes): nothing to resume.
 		ok = true
-		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Skipped: nonNil(skips)}}, nil
+		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Skipped: nonNil(out)}}, nil
 	}
-	reasons := make([]string, 0, len(skips))
-	for _, s := range skips {
-		reasons = append(reasons, s.URL+": "+s.Reason)
-	}
-	// The newest checkpoint's problem comes first in the chain: it decides
-	// the class and the rule the caller sees.
-	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid: %s)", sh.st, newestErr, catalog.ErrNoCommittedCheckpoint, committed, strings.Join(reasons, "; "))
+	// Committed checkpoints exist but none verifies: fail with the newest
+	// one's problem first in the chain (it decides class and rule), never
+	// start over silently.
+	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid)", sh.st, newestProblem(ctx, sh.st, skips), catalog.ErrNoCommittedCheckpoint, committed)
 }
 
-// ruleError is the loader sentinel of a verify rule (for a run whose
-// checkpoints all fail verify), loader.ErrIncomplete for unknown rules.
-func ruleError(rule string) error {
-	switch rule {
-	case loader.RulePartialOptimizer:
-		return loader.ErrPartialOptimizerState
-	case loader.RuleLayoutMismatch:
-		return loader.ErrLayoutMismatch
-	case loader.RuleShardCoverage:
-		return planner.ErrCoverage
-	case loader.RuleChecksum:
-		return loader.ErrChecksum
-	case loader.RuleMissingObject, loader.RuleObjectSize:
-		return loader.ErrMissingObject
+// newestProblem reopens the newest committed checkpoint that failed verify
+// and returns its first problem as an error of the rule's sentinel (this
+// failure path reads its metadata a second time).
+func newestProblem(ctx context.Context, run *backend.Store, skips []catalog.Skipped) error {
+	for _, sk := range skips {
+		if !sk.Entry.Committed {
+			continue
+		}
+		st, err := run.Sub(sk.Entry.Name)
+		if err != nil {
+			return err
+		}
+		rep, err := loader.Verify(ctx, st, loader.VerifyOptions{})
+		if err != nil {
+			return err
+		}
+		if len(rep.Problems) > 0 {
+			return fmt.Errorf("%w: %s", ruleError(rep.Problems[0].Rule), rep.Problems[0].Message)
+		}
 	}
 	return loader.ErrIncomplete
 }
@@ -366,4 +338,22 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 	}
 	*report = s
 	return 0
+}
+
+// ruleError is the loader sentinel of a verify rule (for a run whose
+// checkpoints all fail verify); loader.ErrIncomplete for the others.
+func ruleError(rule string) error {
+	switch rule {
+	case loader.RulePartialOptimizer:
+		return loader.ErrPartialOptimizerState
+	case loader.RuleLayoutMismatch:
+		return loader.ErrLayoutMismatch
+	case loader.RuleShardCoverage:
+		return planner.ErrCoverage
+	case loader.RuleChecksum:
+		return loader.ErrChecksum
+	case loader.RuleMissingObject, loader.RuleObjectSize:
+		return loader.ErrMissingObject
+	}
+	return loader.ErrIncomplete
 }

@@ -5,15 +5,17 @@ package catalog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/ckptkit/ckptkit/ckpterr"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 )
@@ -94,47 +96,98 @@ func allDigits(s string) bool {
 	return true
 }
 
-// List lists the checkpoints under run, oldest step first, with one
-// listing of the run prefix.
+// List lists the checkpoints under run, oldest step first, without
+// enumerating their objects: one delimited (one-level) listing of the run
+// finds the step-NNNNNNNN prefixes, and one Stat per format metadata object
+// (native first, stopping at the first found) tells committed ones, their
+// format and ModTime (the metadata object's, written last). Objects, Bytes
+// and ForeignObjects stay zero and ModTime is zero for uncommitted
+// prefixes; ListDetailed fills them.
 func List(ctx context.Context, run *backend.Store) ([]Entry, error) {
-	byName := map[string]*Entry{}
+	out, err := steps(ctx, run)
+	if err != nil {
+		return nil, err
+	}
 	formats := metadata.Formats()
-	err := run.List(ctx, "", func(o backend.ObjectInfo) error {
-		name, rest, ok := strings.Cut(o.Key, "/")
-		if !ok {
-			return nil
-		}
-		step, ok := ParseStep(name)
-		if !ok {
-			return nil
-		}
-		e := byName[name]
-		if e == nil {
-			e = &Entry{Name: name, Step: step, URL: run.URL(name)}
-			byName[name] = e
-		}
-		e.Objects++
-		e.Bytes += o.Size
-		if !OwnedObject(rest) {
-			e.ForeignObjects++
-		}
-		if o.ModTime.After(e.ModTime) {
-			e.ModTime = o.ModTime
-		}
-		for _, f := range formats {
-			if rest == f.ObjectKey {
-				e.Committed = true
-				e.Format = f.Name
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(statConcurrency)
+	for i := range out {
+		e := &out[i]
+		g.Go(func() error {
+			for _, f := range formats {
+				a, err := run.Stat(gctx, e.Name+"/"+f.ObjectKey)
+				if errors.Is(err, backend.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("list run %s: %w", run, err)
+				}
+				e.Committed, e.Format, e.ModTime = true, f.Name, a.ModTime
+				return nil
 			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// statConcurrency bounds List's concurrent metadata Stats.
+const statConcurrency = 16
+
+// ListDetailed is List with every checkpoint's objects counted: one
+// listing per checkpoint prefix fills Objects, Bytes, ForeignObjects and
+// ModTime (the newest object's), what `ckpt ls` shows and gc decides on.
+func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
+	out, err := steps(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	formats := metadata.Formats()
+	for i := range out {
+		e := &out[i]
+		err := run.List(ctx, e.Name+"/", func(o backend.ObjectInfo) error {
+			rest := strings.TrimPrefix(o.Key, e.Name+"/")
+			e.Objects++
+			e.Bytes += o.Size
+			if !OwnedObject(rest) {
+				e.ForeignObjects++
+			}
+			if o.ModTime.After(e.ModTime) {
+				e.ModTime = o.ModTime
+			}
+			for _, f := range formats {
+				if rest == f.ObjectKey && !e.Committed {
+					e.Committed, e.Format = true, f.Name
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list run %s: %w", run, err)
+		}
+	}
+	return out, nil
+}
+
+// steps returns the step-NNNNNNNN prefixes directly under run, oldest
+// first, from one delimited listing (objects below them are not listed).
+func steps(ctx context.Context, run *backend.Store) ([]Entry, error) {
+	var out []Entry
+	err := run.ListDelimited(ctx, "", func(o backend.ObjectInfo) error {
+		if !o.IsPrefix {
+			return nil
+		}
+		name := strings.TrimSuffix(o.Key, backend.Delimiter)
+		if step, ok := ParseStep(name); ok {
+			out = append(out, Entry{Name: name, Step: step, URL: run.URL(name)})
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list run %s: %w", run, err)
-	}
-	out := make([]Entry, 0, len(byName))
-	for _, e := range byName {
-		out = append(out, *e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Step < out[j].Step })
 	return out, nil
@@ -146,32 +199,68 @@ type Skipped struct {
 	Reason string
 }
 
-// Latest returns the newest committed checkpoint under run that passes
-// loader.Verify (deep when asked), and the newer ones it skipped.
-func Latest(ctx context.Context, run *backend.Store, deep bool) (*Entry, []Skipped, error) {
-	entries, err := List(ctx, run)
+// Found is the checkpoint Latest chose, opened: its metadata object was
+// read once, to verify it, and Checkpoint.Load reads the data through the
+// same reader without reading the metadata again.
+type Found struct {
+	Entry
+	// Checkpoint is the opened checkpoint; load from it directly.
+	Checkpoint *loader.Checkpoint
+	// Report is the verify report that accepted it.
+	Report *loader.VerifyReport
+}
+
+// Latest opens the newest committed checkpoint under run that passes
+// verify (deep when asked) and returns it with the newer ones it skipped.
+// It lists the run with one delimited listing (no checkpoint's objects are
+// enumerated) and reads each candidate's metadata once, newest first; the
+// chosen one is returned open, ready to Load, so a resume reads its
+// metadata exactly once. With no valid checkpoint the error matches
+// ErrNoCommittedCheckpoint and the skipped list says why each one was
+// refused.
+func Latest(ctx context.Context, run *backend.Store, deep bool) (*Found, []Skipped, error) {
+	entries, err := steps(ctx, run)
 	if err != nil {
 		return nil, nil, err
 	}
-	return LatestIn(ctx, run, entries, deep)
+	return choose(ctx, run, entries, deep, false)
 }
 
-// LatestIn is Latest over entries already listed by List (oldest first),
-// for callers that need both the listing and the newest valid checkpoint
-// without listing the run twice.
-func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep bool) (*Entry, []Skipped, error) {
+// LatestIn is Latest over entries already listed by List or ListDetailed
+// (oldest first), for callers that need both the listing and the newest
+// valid checkpoint without listing the run twice. Entries not Committed
+// are skipped without being opened.
+func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep bool) (*Found, []Skipped, error) {
+	return choose(ctx, run, entries, deep, true)
+}
+
+// choose opens entries newest first and returns the first that verifies.
+// With known, an entry's Committed field is trusted; otherwise opening it
+// tells (a prefix without a metadata object is uncommitted).
+func choose(ctx context.Context, run *backend.Store, entries []Entry, deep, known bool) (*Found, []Skipped, error) {
 	var skipped []Skipped
+	const uncommitted = "uncommitted (no metadata object)"
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
-		if !e.Committed {
-			skipped = append(skipped, Skipped{Entry: e, Reason: "uncommitted (no metadata object)"})
+		if known && !e.Committed {
+			skipped = append(skipped, Skipped{Entry: e, Reason: uncommitted})
 			continue
 		}
 		st, err := run.Sub(e.Name)
 		if err != nil {
 			return nil, skipped, err
 		}
-		rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: deep})
+		c, err := loader.Open(ctx, st)
+		switch {
+		case errors.Is(err, loader.ErrIncomplete), errors.Is(err, loader.ErrNoCheckpoint):
+			e.Committed = false
+			skipped = append(skipped, Skipped{Entry: e, Reason: uncommitted})
+			continue
+		case err != nil:
+			return nil, skipped, err
+		}
+		e.Committed, e.Format = true, c.FormatName()
+		rep, err := c.Verify(ctx, loader.VerifyOptions{Deep: deep})
 		if err != nil {
 			return nil, skipped, err
 		}
@@ -179,7 +268,7 @@ func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep boo
 			skipped = append(skipped, Skipped{Entry: e, Reason: fmt.Sprintf("%s: %s", rep.Problems[0].Rule, rep.Problems[0].Message)})
 			continue
 		}
-		return &e, skipped, nil
+		return &Found{Entry: e, Checkpoint: c, Report: rep}, skipped, nil
 	}
 	return nil, skipped, fmt.Errorf("%s: %w", run, ErrNoCommittedCheckpoint)
 }

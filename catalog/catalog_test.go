@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"
-	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // flipDataByte flips one byte in the middle of the first data object of the
@@ -90,7 +90,7 @@ func TestListReportsEveryPrefix(t *testing.T) {
 			require.NoError(t, run.PutBytes(ctx, "other/x", []byte("x"), backend.PutOptions{}))
 
 			before := time.Now()
-			es, err := catalog.List(ctx, run)
+			es, err := catalog.ListDetailed(ctx, run)
 			require.NoError(t, err)
 			require.Len(t, es, 3)
 			assert.Equal(t, []int64{3, 7, 9}, []int64{es[0].Step, es[1].Step, es[2].Step})
@@ -104,6 +104,79 @@ func TestListReportsEveryPrefix(t *testing.T) {
 			assert.Equal(t, 1, es[2].ForeignObjects)
 			assert.Less(t, es[0].Age(before.Add(time.Minute)), 2*time.Minute)
 			assert.Equal(t, run.URL(catalog.StepName(3)), es[0].URL)
+		})
+	}
+}
+
+// TestListDoesNotEnumerateCheckpointObjects: List finds the checkpoints
+// of a run with one delimited listing and one metadata Stat each; no data
+// object of any checkpoint is listed.
+func TestListDoesNotEnumerateCheckpointObjects(t *testing.T) {
+	for _, b := range ckpttest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			run := b.Open(t)
+			const n = 6
+			for i := 1; i <= n; i++ {
+				ckpttest.SaveStep(t, run, int64(i), ckpttest.NewState(uint64(i), 4), 4) // 4 data objects + metadata each
+			}
+			require.NoError(t, run.PutBytes(ctx, catalog.StepName(n+1)+"/rank-00000-000.data", []byte("partial"), backend.PutOptions{}))
+			counter := instrument.Wrap(run.Driver())
+			es, err := catalog.List(ctx, run.WithDriver(counter))
+			require.NoError(t, err)
+			require.Len(t, es, n+1)
+			for i, e := range es {
+				assert.Equal(t, int64(i+1), e.Step)
+				assert.Equal(t, i < n, e.Committed, e.Name)
+				if e.Committed {
+					assert.Equal(t, metadata.FormatName, e.Format)
+					assert.False(t, e.ModTime.IsZero(), "the metadata object's time")
+				}
+			}
+			assert.Equal(t, int64(1), counter.Count(instrument.OpListDelimited), "one delimited listing of the run")
+			assert.Zero(t, counter.Count(instrument.OpList), "no full listing")
+			assert.Equal(t, int64(n+1), counter.Listed(), "the listing enumerates the checkpoint prefixes only, not their 5 objects each")
+			assert.Zero(t, counter.Count(instrument.OpRead), "no metadata is read to list")
+			assert.Equal(t, int64(n+len(metadata.Formats())), counter.Count(instrument.OpStat), "one Stat per committed checkpoint; the uncommitted one probes every format")
+		})
+	}
+}
+
+// TestLatestThenLoadReadsMetadataOnce: the library's resume path, choosing
+// with Latest and loading from the opened checkpoint it returns, reads the
+// chosen checkpoint's metadata object exactly once and lists no
+// checkpoint's objects to choose.
+func TestLatestThenLoadReadsMetadataOnce(t *testing.T) {
+	for _, b := range ckpttest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			run := b.Open(t)
+			for i := int64(1); i <= 4; i++ {
+				ckpttest.SaveStep(t, run, i, ckpttest.NewState(uint64(i), 4), 2)
+			}
+			counter := instrument.Wrap(run.Driver())
+			found, skipped, err := catalog.Latest(ctx, run.WithDriver(counter), false)
+			require.NoError(t, err)
+			require.Empty(t, skipped)
+			assert.Equal(t, int64(4), found.Step)
+			assert.True(t, found.Report.Resumable)
+			sds := ckpttest.NewState(4, 4).Shard(2)
+			targets := ckpttest.Targets(sds)
+			rep, err := found.Checkpoint.Load(ctx, targets, loader.Options{})
+			require.NoError(t, err)
+			assert.Equal(t, int64(4), rep.Iteration)
+			for r, sd := range sds {
+				for k, v := range sd.Tensors {
+					assert.Equal(t, v.Data, targets[r].Tensors[k].Data, "rank %d %s", r, k)
+				}
+				for k, v := range sd.Bytes {
+					assert.Equal(t, v, targets[r].Bytes[k], "rank %d %s", r, k)
+				}
+			}
+			mdKey := run.Prefix() + catalog.StepName(4) + "/" + metadata.ObjectKey
+			assert.Equal(t, int64(1), counter.CountKey(instrument.OpRead, mdKey), "the metadata object is read once for choose + load")
+			assert.Equal(t, int64(1), counter.CountKeySuffix(instrument.OpRead, metadata.ObjectKey), "and no other checkpoint's metadata")
+			assert.Zero(t, counter.CountKeySuffix(instrument.OpStat, metadata.ObjectKey), "nor stat-ed")
 		})
 	}
 }
@@ -156,16 +229,7 @@ func TestPerRankOpaqueState(t *testing.T) {
 			require.NoError(t, err)
 
 			// Each rank of a resume with the same world size asks for its own keys.
-			targets := make([]*statedict.StateDict, world)
-			for r := range world {
-				targets[r] = statedict.New()
-				for k, v := range sds[r].Tensors {
-					targets[r].Tensors[k] = &statedict.Shard{DType: v.DType, GlobalShape: v.GlobalShape, Offsets: v.Offsets, Sizes: v.Sizes, Data: make([]byte, len(v.Data))}
-				}
-				for k := range sds[r].Bytes {
-					targets[r].Bytes[k] = nil
-				}
-			}
+			targets := ckpttest.Targets(sds)
 			rep, err := loader.Load(ctx, st, targets, loader.Options{})
 			require.NoError(t, err)
 			assert.Equal(t, int64(42), rep.Iteration)

@@ -17,7 +17,12 @@
 //
 // Known deviations are declared as data in Harness.Skip, never by editing
 // asserts; a Skip entry naming no case fails the run, so declarations cannot
-// outlive the case they excuse.
+// outlive the case they excuse. Cases that need a capability the driver
+// does not declare (Capabilities) skip themselves with the reason.
+//
+// The checkpoint/dcp-* cases write real PyTorch DCP checkpoints, embedded
+// in the package, object by object through the store under test, so they
+// run wherever the suite runs.
 package conformance
 
 import (
@@ -99,6 +104,12 @@ type Harness struct {
 	// Large makes storage/large-object write LargeObjectSize bytes (unless
 	// in short mode); the LargeEnv variable does the same.
 	Large bool
+	// Leftovers, when set, runs after every storage case that passed (plain
+	// and @prefix) with the store the case worked on, and fails the case
+	// when the backend kept debris of its writes that the portable API
+	// cannot see: incomplete multipart uploads, temporary files. Failed,
+	// cancelled and lost writes must leave none.
+	Leftovers func(t T, st *backend.Store)
 }
 
 // SkipCheckName is the pseudo-case, run first, that fails when
@@ -132,7 +143,7 @@ func Cases() []string {
 }
 
 func allCases() []testCase {
-	return append(expandStorage(storageCases), checkpointCases...)
+	return append(expandStorage(append(storageCases, delimiterCases...)), checkpointCases...)
 }
 
 // UnknownSkips returns the keys of h.Skip that name no case, sorted.

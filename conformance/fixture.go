@@ -1,12 +1,12 @@
 package conformance
 
 import (
-	"math/rand/v2"
 	"slices"
 	"strings"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/internal/detbytes"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
@@ -17,24 +17,15 @@ type fixture struct {
 	full       map[string]*statedict.Tensor
 	bytes      map[string][]byte
 	replicated map[string]bool
-	// lazyParam has model weights but no optimizer state in the save.
+	// lazyParam (an unrouted expert) has model weights but no optimizer
+	// state in the save, while experts.0.weight has all of it.
 	lazyParam string
 }
 
 func newFixture(seed uint64) *fixture {
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	f := &fixture{full: map[string]*statedict.Tensor{}, bytes: map[string][]byte{}, replicated: map[string]bool{}, lazyParam: "expert1.weight"}
-	fill := func(t *statedict.Tensor) *statedict.Tensor {
-		for i := range t.Data {
-			t.Data[i] = byte(rng.Uint32())
-		}
-		if t.DType == statedict.Bool {
-			for i := range t.Data {
-				t.Data[i] &= 1
-			}
-		}
-		return t
-	}
+	f := &fixture{full: map[string]*statedict.Tensor{}, bytes: map[string][]byte{}, replicated: map[string]bool{}, lazyParam: "experts.1.weight"}
+	n := seed << 32
+	fill := func(t *statedict.Tensor) *statedict.Tensor { n++; return detbytes.Tensor(t, n) }
 	var params []string
 	for _, dt := range statedict.DTypes() {
 		fqn := "layer_" + string(dt) + ".weight"
@@ -44,10 +35,11 @@ func newFixture(seed uint64) *fixture {
 		}
 	}
 	f.full["model.embed.weight"] = fill(statedict.NewTensor(statedict.Float32, 10, 4))
-	f.full["model.expert1.weight"] = fill(statedict.NewTensor(statedict.Float32, 6, 4))
+	f.full["model.experts.0.weight"] = fill(statedict.NewTensor(statedict.Float32, 6, 4))
+	f.full["model.experts.1.weight"] = fill(statedict.NewTensor(statedict.Float32, 6, 4))
 	f.full["model.norm.scale"] = fill(statedict.NewTensor(statedict.Float32, 5))
 	f.replicated["model.norm.scale"] = true
-	params = append(params, "embed.weight", "norm.scale")
+	params = append(params, "embed.weight", "norm.scale", "experts.0.weight")
 	for _, p := range params {
 		w := f.full["model."+p]
 		f.full["optimizer.state."+p+".step"] = fill(statedict.NewTensor(statedict.Float32))
@@ -115,15 +107,17 @@ func (f *fixture) targets(world int) []*statedict.StateDict {
 	return out
 }
 
-// check asserts every loaded target shard equals the fixture's bytes, except
-// keys for which skip returns true, which must still be all zero.
-func (f *fixture) check(t T, targets []*statedict.StateDict, skip func(key string) bool) {
+// check asserts every loaded target shard equals the fixture's bytes,
+// except keys the fixture lacks and keys for which skip returns true, which
+// must be exactly as they were before the load.
+func (f *fixture) check(t T, before, targets []*statedict.StateDict, skip func(key string) bool) {
 	t.Helper()
+	require.Equal(t, len(before), len(targets))
 	for r, sd := range targets {
 		for k, s := range sd.Tensors {
 			full, ok := f.full[k]
 			if !ok || skip(k) {
-				require.Equal(t, make([]byte, len(s.Data)), s.Data, "rank %d key %q must be left untouched", r, k)
+				require.Equal(t, before[r].Tensors[k].Data, s.Data, "rank %d key %q must be left untouched", r, k)
 				continue
 			}
 			want := f.shard(k, full, r, len(targets))
@@ -131,10 +125,25 @@ func (f *fixture) check(t T, targets []*statedict.StateDict, skip func(key strin
 		}
 		for k, b := range sd.Bytes {
 			if skip(k) {
-				require.Nil(t, b, "rank %d key %q must be left untouched", r, k)
+				require.Equal(t, before[r].Bytes[k], b, "rank %d key %q must be left untouched", r, k)
 				continue
 			}
 			require.Equal(t, f.bytes[k], b, "rank %d bytes key %q", r, k)
+		}
+	}
+}
+
+// freshOptimizer fills every optimizer target tensor with a non-zero
+// pattern, as the fresh state a resuming job builds (so "left as it was"
+// cannot pass by a loader writing zeros).
+func freshOptimizer(targets []*statedict.StateDict) {
+	n := uint64(0xf5e5)
+	for _, sd := range targets {
+		for _, k := range sd.Keys() {
+			if s, ok := sd.Tensors[k]; ok && isOptimizerKey(k) {
+				n++
+				detbytes.Fill(s.Data, n, 0)
+			}
 		}
 	}
 }

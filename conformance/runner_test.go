@@ -110,21 +110,3 @@ func TestObjectSize(t *testing.T) {
 	assert.Equal(t, int64(LargeObjectSize), objectSize(&Harness{}, false))
 	assert.Equal(t, int64(ShortObjectSize), objectSize(&Harness{}, true))
 }
-
-func TestGeneratorMatchesPattern(t *testing.T) {
-	g := &genReader{seed: 5, size: 100_001}
-	buf := make([]byte, 0, g.size)
-	chunk := make([]byte, 7777)
-	for {
-		n, err := g.Read(chunk)
-		buf = append(buf, chunk[:n]...)
-		if err != nil {
-			break
-		}
-	}
-	require.Equal(t, pattern(5, 100_001), buf)
-	part := make([]byte, 13)
-	fillPattern(part, 5, 4099)
-	require.Equal(t, buf[4099:4112], part)
-	require.NotEqual(t, pattern(5, 64), pattern(6, 64))
-}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
+	"github.com/ckptkit/ckptkit/internal/detbytes"
 )
 
 // storageCase is a storage semantics case. Each runs twice: on the store
@@ -45,10 +46,13 @@ var storageCases = []storageCase{
 	{"storage/cancelled-write", caseCancelledWrite},
 	{"storage/failed-source", caseFailedSource},
 	{"storage/size-mismatch", caseSizeMismatch},
+	{"storage/wrong-crc32c", caseWrongCRC32C},
+	{"storage/wrong-crc32c-multipart", caseWrongCRC32CMultipart},
 	{"storage/create-if-absent", caseCreateIfAbsent},
 	{"storage/ranges", caseRanges},
 	{"storage/list-sorted", caseListSorted},
 	{"storage/list-cancel", caseListCancel},
+	{"storage/cancelled-calls", caseCancelledCalls},
 	{"storage/invalid-keys", caseInvalidKeys},
 	{"storage/sub-isolation", caseSubIsolation},
 	{"storage/large-object", caseLargeObject},
@@ -60,7 +64,9 @@ func expandStorage(cs []storageCase) []testCase {
 	out := make([]testCase, 0, 2*len(cs))
 	for _, c := range cs {
 		out = append(out, testCase{c.name, func(t T, e *env) {
-			c.run(t, &storeEnv{env: e, st: e.h.NewStore(t)})
+			st := e.h.NewStore(t)
+			c.run(t, &storeEnv{env: e, st: st})
+			checkLeftovers(t, e.h, st)
 		}})
 	}
 	for _, c := range cs {
@@ -69,6 +75,13 @@ func expandStorage(cs []storageCase) []testCase {
 		}})
 	}
 	return out
+}
+
+// checkLeftovers runs the harness's Leftovers check on a case that passed.
+func checkLeftovers(t T, h *Harness, st *backend.Store) {
+	if h.Leftovers != nil && !t.Failed() {
+		h.Leftovers(t, st)
+	}
 }
 
 // subName returns a random store prefix for Sub.
@@ -94,6 +107,7 @@ func runPrefixed(t T, e *env, run func(t T, s *storeEnv)) {
 	st, err := root.Sub(p)
 	require.NoError(t, err)
 	run(t, &storeEnv{env: e, st: st})
+	checkLeftovers(t, e.h, st)
 
 	for k, v := range decoys {
 		got, err := root.ReadAll(ctx, k, 0)
@@ -113,47 +127,55 @@ func runPrefixed(t T, e *env, run func(t T, s *storeEnv)) {
 // ---- helpers ----
 
 // pattern returns n deterministic bytes for seed.
-func pattern(seed uint64, n int) []byte {
-	b := make([]byte, n)
-	fillPattern(b, seed, 0)
-	return b
+func pattern(seed uint64, n int) []byte { return detbytes.Bytes(seed, n) }
+
+// oneShot hides every method of a reader but Read (an io.Seeker above
+// all), so the Store gives a write from it exactly one attempt.
+type oneShot struct{ r io.Reader }
+
+func (o oneShot) Read(p []byte) (int, error) { return o.r.Read(p) }
+
+// hookReader reads r and calls hook once, before the first read at or after
+// byte after. A hook error ends that read.
+type hookReader struct {
+	r     io.Reader
+	after int64
+	hook  func() error
+	done  bool
+	read  int64
 }
 
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
-// fillPattern fills dst with the bytes at offset off of the endless
-// deterministic stream of seed: byte i is byte i%8 of splitmix(seed^(i/8)).
-func fillPattern(dst []byte, seed uint64, off int64) {
-	for i := range dst {
-		pos := off + int64(i)
-		dst[i] = byte(splitmix(seed^uint64(pos>>3)) >> (8 * (pos & 7)))
+func (h *hookReader) Read(p []byte) (int, error) {
+	if !h.done && h.read >= h.after {
+		h.done = true
+		if err := h.hook(); err != nil {
+			return 0, err
+		}
 	}
+	n, err := h.r.Read(p)
+	h.read += int64(n)
+	return n, err
 }
 
-// genReader streams size bytes of the pattern of seed without holding them.
-type genReader struct {
-	seed      uint64
-	off, size int64
-}
-
-func (g *genReader) Read(p []byte) (int, error) {
-	if g.off >= g.size {
-		return 0, io.EOF
+// multipartBody returns the size of a body that crosses at least two part
+// boundaries and ends in a partial part, and the part size, when the store
+// declares a multipart path; 0, 0 otherwise.
+func multipartBody(st *backend.Store) (size, part int64) {
+	caps := st.Capabilities()
+	if !caps.Multipart || caps.PartSize <= 0 {
+		return 0, 0
 	}
-	if rem := g.size - g.off; int64(len(p)) > rem {
-		p = p[:rem]
-	}
-	fillPattern(p, g.seed, g.off)
-	g.off += int64(len(p))
-	return len(p), nil
+	return 2*caps.PartSize + caps.PartSize/2 + 123, caps.PartSize
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// streamCRC is the CRC32C of the first size bytes of seed's stream.
+func streamCRC(seed uint64, size int64) uint32 {
+	h := crc32.New(castagnoli)
+	_, _ = io.Copy(h, detbytes.NewReader(seed, size)) // never fails
+	return h.Sum32()
+}
 
 func put(t T, st *backend.Store, key string, data []byte) {
 	t.Helper()
@@ -245,6 +267,31 @@ func caseRoundTrip(t T, s *storeEnv) {
 	put(t, st, "rt/obj-0", long)
 	requireContent(t, st, "rt/obj-0", long, "overwrite with a longer object")
 	require.Equal(t, []string{"rt/obj-0", "rt/obj-1", "rt/obj-2"}, keys(t, st, ""))
+
+	ctx := t.Context()
+	a, err := st.Stat(ctx, "rt/obj-1")
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), a.ModTime, time.Hour, "Stat must report a modification time (near this machine's clock)")
+	ok, err := st.Exists(ctx, "rt/obj-1")
+	require.NoError(t, err)
+	require.True(t, ok, "Exists of a written key")
+	_, err = st.ReadAll(ctx, "rt/obj-1", 999)
+	require.Error(t, err, "ReadAll must refuse an object above its limit")
+
+	// A body that cannot be rewound (one attempt), with and without a
+	// declared CRC32C; a backend that keeps a CRC32C keeps the right one.
+	body := pattern(97, 70_001)
+	sum := crc32.Checksum(body, castagnoli)
+	for i, opts := range []backend.PutOptions{{}, {CRC32C: &sum}} {
+		key := fmt.Sprintf("rt/one-shot-%d", i)
+		require.NoError(t, st.Put(ctx, key, int64(len(body)), oneShot{bytes.NewReader(body)}, opts), "Put of %q from a one-shot reader", key)
+		requireContent(t, st, key, body)
+		a, err := st.Stat(ctx, key)
+		require.NoError(t, err)
+		if a.CRC32C != nil {
+			require.Equal(t, sum, *a.CRC32C, "stored CRC32C of %q", key)
+		}
+	}
 }
 
 // caseNotFound: a missing key is ErrNotFound on Stat, whole and ranged
@@ -267,8 +314,15 @@ func caseNotFound(t T, s *storeEnv) {
 	requireNotFound(t, st, "nf/dir", "a prefix of an existing key is not an object")
 	requireNotFound(t, st, "nf/dir/obj/below", "below an existing object")
 	requireNotFound(t, st, "nf/dir/ob", "a byte prefix of an existing key")
+	rc, err := st.NewRangeReader(ctx, "nf/never-written", 0, 0)
+	if err == nil {
+		rc.Close()
+	}
+	require.ErrorIs(t, err, backend.ErrNotFound, "zero-length read of a missing key")
+	_, err = st.Stat(ctx, "nf/never-written")
+	require.ErrorContains(t, err, "nf/never-written", "a not-found error names the key")
+	require.False(t, backend.IsTransient(err), "not-found is permanent: %v", err)
 	for _, e := range []error{backend.ErrPermission, backend.ErrInvalidKey, backend.ErrTransient} {
-		_, err := st.Stat(ctx, "nf/never-written")
 		require.NotErrorIs(t, err, e, "not-found must match only ErrNotFound")
 	}
 }
@@ -290,6 +344,13 @@ func caseDeleteMissing(t T, s *storeEnv) {
 	requireNotFound(t, st, "del/obj", "after delete")
 	require.NoError(t, st.Delete(ctx, "del/obj"), "delete again after delete")
 	require.Equal(t, []string{"del/dir/child"}, keys(t, st, "del/"))
+
+	// The last key of a "directory" goes, and the key can be written again.
+	require.NoError(t, st.Delete(ctx, "del/dir/child"))
+	requireNotFound(t, st, "del/dir/child", "after delete")
+	require.Empty(t, keys(t, st, "del/"))
+	put(t, st, "del/dir/child", []byte("again"))
+	requireContent(t, st, "del/dir/child", []byte("again"), "a key rewritten after its directory emptied")
 }
 
 // caseZeroLength: empty objects exist, have size 0, list with size 0, read
@@ -313,6 +374,13 @@ func caseZeroLength(t T, s *storeEnv) {
 		return nil
 	}))
 	require.Equal(t, []int64{0, 0}, sizes, "listing shows both empty objects with size 0")
+
+	if st.Capabilities().CreateIfAbsent {
+		once := backend.PutOptions{IfNotExists: true}
+		require.NoError(t, st.PutBytes(ctx, "zero/created", nil, once), "create-if-absent of an empty object")
+		requireContent(t, st, "zero/created", []byte{})
+		require.ErrorIs(t, st.PutBytes(ctx, "zero/created", nil, once), backend.ErrAlreadyExists, "an empty object exists for create-if-absent")
+	}
 }
 
 // gateReader delivers data but blocks once half of it has been consumed,
@@ -452,6 +520,18 @@ func caseCancelledWrite(t T, s *storeEnv) {
 		require.ErrorIs(t, err, context.Canceled, "Put of %q cancelled mid-body", key)
 		require.Less(t, time.Since(start), 10*time.Second, "a cancelled Put must return promptly")
 	}
+	// Through the multipart path: cancelled while a later part streams.
+	if size, part := multipartBody(st); size > 0 {
+		for _, key := range []string{"abort/old", "abort/new"} {
+			ctx, cancel := context.WithCancel(t.Context())
+			src := &hookReader{r: detbytes.NewReader(5, size), after: part + part/2, hook: func() error { cancel(); return nil }}
+			start := time.Now()
+			err := st.Put(ctx, key, size, src, backend.PutOptions{})
+			cancel()
+			require.ErrorIs(t, err, context.Canceled, "multipart Put of %q (%d bytes, parts of %d) cancelled in its second part", key, size, part)
+			require.Less(t, time.Since(start), 20*time.Second, "a cancelled multipart Put must return promptly")
+		}
+	}
 	requireContent(t, st, "abort/old", old, "a cancelled overwrite must leave the old object")
 	requireNotFound(t, st, "abort/new", "a cancelled write must publish nothing")
 	require.Equal(t, []string{"abort/old"}, keys(t, st, "abort/"))
@@ -487,10 +567,22 @@ func caseFailedSource(t T, s *storeEnv) {
 		for _, n := range []int{0, 1, len(body) / 2, len(body) - 1} {
 			err := st.Put(ctx, key, int64(len(body)), &failingSource{data: body, n: n}, backend.PutOptions{})
 			require.ErrorIs(t, err, errSourceBroke, "Put of %q whose source fails after %d bytes", key, n)
+			require.False(t, backend.IsTransient(err), "a source's failure is not transient: %v", err)
+		}
+	}
+	// Through the multipart path: failing in a middle part and in the last.
+	if size, part := multipartBody(st); size > 0 {
+		for _, key := range []string{"fail/old", "fail/new"} {
+			for _, at := range []int64{part + part/2, size - 100} {
+				src := &hookReader{r: detbytes.NewReader(7, size), after: at, hook: func() error { return errSourceBroke }}
+				err := st.Put(ctx, key, size, src, backend.PutOptions{})
+				require.ErrorIs(t, err, errSourceBroke, "multipart Put of %q (%d bytes, parts of %d) whose source fails at %d", key, size, part, at)
+			}
 		}
 	}
 	requireContent(t, st, "fail/old", old, "a failed overwrite must leave the old object")
 	requireNotFound(t, st, "fail/new", "a failed write must publish nothing")
+	require.Equal(t, []string{"fail/old"}, keys(t, st, "fail/"), "no temporary object may be visible")
 }
 
 // caseSizeMismatch: a body shorter or longer than the declared size fails
@@ -516,8 +608,14 @@ func caseSizeMismatch(t T, s *storeEnv) {
 		} {
 			err := st.Put(ctx, key, tc.declared, bytes.NewReader(tc.data), backend.PutOptions{})
 			require.ErrorIs(t, err, backend.ErrSizeMismatch, "%s: Put of %q declaring %d bytes with %d", tc.name, key, tc.declared, len(tc.data))
+			err = st.Put(ctx, key, tc.declared, oneShot{bytes.NewReader(tc.data)}, backend.PutOptions{})
+			require.ErrorIs(t, err, backend.ErrSizeMismatch, "%s: Put of %q from a one-shot reader declaring %d bytes with %d", tc.name, key, tc.declared, len(tc.data))
 		}
 	}
+	counter := instrument.Wrap(st.Driver())
+	err := st.WithDriver(counter).Put(ctx, "size/new", -1, bytes.NewReader(nil), backend.PutOptions{})
+	require.ErrorIs(t, err, backend.ErrSizeMismatch, "a negative size")
+	require.Zero(t, counter.Total(), "a negative size is refused before the driver")
 	requireContent(t, st, "size/old", old, "a mismatched overwrite must leave the old object")
 	requireNotFound(t, st, "size/new", "a mismatched write must publish nothing")
 }
@@ -543,6 +641,24 @@ func caseCreateIfAbsent(t T, s *storeEnv) {
 	require.NoError(t, st.Delete(ctx, "cia/key"))
 	require.NoError(t, st.PutBytes(ctx, "cia/key", []byte("third"), once), "create after delete")
 	requireContent(t, st, "cia/key", []byte("third"))
+	put(t, st, "cia/key", []byte("plain"))
+	requireContent(t, st, "cia/key", []byte("plain"), "a plain write still overwrites")
+
+	// Another writer creates the key while our create's body streams (in a
+	// later part, on a multipart path): ours must lose at commit.
+	size, after := int64(1<<20), int64(512<<10)
+	if mp, part := multipartBody(st); mp > 0 {
+		size, after = mp, part+part/2
+	}
+	winner := []byte("the other writer got here first")
+	src := &hookReader{r: detbytes.NewReader(11, size), after: after, hook: func() error {
+		return st.PutBytes(ctx, "cia/mid-upload", winner, once)
+	}}
+	err = st.Put(ctx, "cia/mid-upload", size, src, once)
+	require.True(t, src.done, "the competing create ran while the body streamed")
+	require.ErrorIs(t, err, backend.ErrAlreadyExists, "a create that lost the race while uploading %d bytes", size)
+	require.False(t, backend.IsTransient(err), "a lost create is permanent: %v", err)
+	requireContent(t, st, "cia/mid-upload", winner, "the winner's object survives a create that lost mid-upload")
 
 	const creators = 8
 	for round := range 3 {
@@ -603,8 +719,10 @@ func caseRanges(t T, s *storeEnv) {
 		require.NoError(t, err, "%s: range [%d, +%d)", tc.name, tc.off, tc.length)
 		require.True(t, bytes.Equal(sliceRef(ref, tc.off, tc.length), got), "%s: range [%d, +%d) read %d bytes that differ from the reference", tc.name, tc.off, tc.length, len(got))
 	}
-	_, err := readRange(ctx, st, "rng/obj", -1, 10)
+	counter := instrument.Wrap(st.Driver())
+	_, err := readRange(ctx, st.WithDriver(counter), "rng/obj", -1, 10)
 	require.ErrorIs(t, err, backend.ErrInvalidKey, "a negative offset must be refused")
+	require.Zero(t, counter.Total(), "a negative offset is refused before the driver")
 
 	buf := make([]byte, 20)
 	require.NoError(t, st.ReadRange(ctx, "rng/obj", n-20, buf))
@@ -645,7 +763,7 @@ func sliceRef(ref []byte, off, length int64) []byte {
 var listKeys = []string{
 	"a b", "a!", "a-", "a.b", "a/b!", "a/b c", "a/b-", "a/b.c", "a/b/c/d/e/f/g/h", "a/b/c/d/e/f/g/i",
 	"a/b0", "a0", "ab/c", "b", "z/ü", "z/日本語", "~tilde", "é", "deep/1/2/3/4/5/6/7/8/9/10",
-	"deep/1/2/3/x", "deep/1-2", "deep/1.2", "deep/10",
+	"deep/1/2/3/x", "deep/1-2", "deep/1.2", "deep/10", "A", "a/b/c/d!",
 }
 
 // caseListSorted: List returns every key once, in byte order (as
@@ -718,7 +836,7 @@ func caseListCancel(t T, s *storeEnv) {
 }
 
 // invalidKeys try to escape the store or are not clean keys.
-var invalidKeys = []string{"", "../x", "..", "a/../../x", "a/..", "/abs", "//abs", `\abs`, "a//b", "a/./b", "./a", ".", "a/", "a\x00b", "\x00"}
+var invalidKeys = []string{"", "../x", "..", "a/../../x", "a/..", "/abs", "//abs", `\abs`, "a//b", "a/./b", "./a", ".", "a/", "a\x00b", "\x00", "\xff", "a/\xc3", "bad-\xed\xa0\x80-surrogate", "\xc0\xaf"}
 
 // subCleans are the invalid keys Sub accepts as prefixes: surrounding
 // slashes are trimmed from a prefix, and "" is the store itself.
@@ -776,6 +894,18 @@ func caseSubIsolation(t T, s *storeEnv) {
 	require.Equal(t, want, keys(t, s.st, ""), "the parent sees both Sub stores' keys under their prefixes")
 	require.NoError(t, a.Delete(ctx, "k"))
 	requireContent(t, b, "k", []byte("in b, longer"), "deleting in one Sub store must not touch another")
+
+	// A nested prefix given with a trailing slash: the driver sees the
+	// whole prefix, and the store's URL ends with it.
+	nested := pa + "/x/y"
+	c, err := s.st.Sub(nested + "/")
+	require.NoError(t, err)
+	counter := instrument.Wrap(c.Driver())
+	put(t, c.WithDriver(counter), "k", []byte("nested"))
+	require.Equal(t, int64(1), counter.CountKey(instrument.OpPut, s.st.Prefix()+nested+"/k"), "the driver must get the full prefixed key")
+	require.True(t, strings.HasSuffix(c.String(), "/"+nested), "URL %q of Sub(%q/)", c.String(), nested)
+	requireContent(t, s.st, nested+"/k", []byte("nested"))
+	requireNotFound(t, s.st, "k", "a Sub store's key seen from the parent without its prefix")
 }
 
 // caseLargeObject: an object of several parts, streamed from a generator
@@ -797,13 +927,10 @@ func caseLargeObject(t T, s *storeEnv) {
 	}
 	size += 12345 // not a multiple of any part size
 	const seed = 0xc0ffee
-	crc := crc32.New(castagnoli)
-	_, err := io.Copy(crc, &genReader{seed: seed, size: size})
-	require.NoError(t, err)
-	sum := crc.Sum32()
+	sum := streamCRC(seed, size)
 
 	start := time.Now()
-	require.NoError(t, st.Put(ctx, "large/obj", size, &genReader{seed: seed, size: size}, backend.PutOptions{CRC32C: &sum}), "Put of %d bytes", size)
+	require.NoError(t, st.Put(ctx, "large/obj", size, detbytes.NewReader(seed, size), backend.PutOptions{CRC32C: &sum}), "Put of %d bytes", size)
 	t.Logf("wrote %d bytes in %v", size, time.Since(start))
 	a, err := st.Stat(ctx, "large/obj")
 	require.NoError(t, err)
@@ -828,7 +955,7 @@ func caseLargeObject(t T, s *storeEnv) {
 		got, err := readRange(ctx, st, "large/obj", off, 4096)
 		require.NoError(t, err, "range at %d", off)
 		want := make([]byte, min(4096, size-off))
-		fillPattern(want, seed, off)
+		detbytes.Fill(want, seed, off)
 		require.True(t, bytes.Equal(want, got), "range at %d (part size %d) differs", off, part)
 	}
 	require.NoError(t, st.Delete(ctx, "large/obj"))
@@ -919,4 +1046,62 @@ func caseConcurrent(t T, s *storeEnv) {
 	}
 	sort.Strings(want)
 	require.Equal(t, want, keys(t, st, "conc/"))
+}
+
+// caseWrongCRC32C: with Capabilities().ServerCRC32C, a write whose
+// declared CRC32C does not match its body fails and publishes nothing.
+// Without it the case is skipped: a declared CRC32C is then only a hint.
+func caseWrongCRC32C(t T, s *storeEnv) {
+	requireWrongCRCRefused(t, s.st, 7, 300_000)
+}
+
+// caseWrongCRC32CMultipart is caseWrongCRC32C for a body that goes
+// through the multipart (resumable) path; skipped without one.
+func caseWrongCRC32CMultipart(t T, s *storeEnv) {
+	size, _ := multipartBody(s.st)
+	if size == 0 {
+		t.Skip("backend does not declare Capabilities().Multipart with a PartSize")
+	}
+	requireWrongCRCRefused(t, s.st, size)
+}
+
+func requireWrongCRCRefused(t T, st *backend.Store, sizes ...int64) {
+	t.Helper()
+	if !st.Capabilities().ServerCRC32C {
+		t.Skip("backend does not declare Capabilities().ServerCRC32C (declared checksums are not verified on upload)")
+	}
+	old := pattern(20, 500)
+	put(t, st, "crc/old", old)
+	for _, size := range sizes {
+		bad := streamCRC(21, size) ^ 1
+		for _, key := range []string{"crc/old", "crc/new"} {
+			err := st.Put(t.Context(), key, size, detbytes.NewReader(21, size), backend.PutOptions{CRC32C: &bad})
+			require.Error(t, err, "Put of %q (%d bytes) declaring a wrong CRC32C", key, size)
+		}
+	}
+	requireContent(t, st, "crc/old", old, "a write with a wrong CRC32C must leave the old object")
+	requireNotFound(t, st, "crc/new", "a write with a wrong CRC32C must publish nothing")
+}
+
+// caseCancelledCalls: every call made with an already cancelled context
+// fails with context.Canceled and changes nothing.
+func caseCancelledCalls(t T, s *storeEnv) {
+	st := s.st
+	put(t, st, "cc/obj", []byte("data"))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := st.Stat(ctx, "cc/obj")
+	require.ErrorIs(t, err, context.Canceled, "Stat")
+	_, err = readRange(ctx, st, "cc/obj", 0, -1)
+	require.ErrorIs(t, err, context.Canceled, "NewRangeReader")
+	_, err = st.ReadAll(ctx, "cc/obj", 0)
+	require.ErrorIs(t, err, context.Canceled, "ReadAll")
+	_, err = st.Exists(ctx, "cc/obj")
+	require.ErrorIs(t, err, context.Canceled, "Exists")
+	calls := 0
+	err = st.List(ctx, "", func(backend.ObjectInfo) error { calls++; return nil })
+	require.ErrorIs(t, err, context.Canceled, "List")
+	require.Zero(t, calls, "List with a cancelled context must not call back")
+	require.ErrorIs(t, st.Delete(ctx, "cc/obj"), context.Canceled, "Delete")
+	requireContent(t, st, "cc/obj", []byte("data"), "calls with a cancelled context change nothing")
 }

@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -62,13 +64,13 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.ModelPrefix == "" {
-		o.ModelPrefix = "model"
+		o.ModelPrefix = statedict.DefaultModelPrefix
 	}
 	if o.OptimizerPrefix == "" {
-		o.OptimizerPrefix = "optimizer"
+		o.OptimizerPrefix = statedict.DefaultOptimizerPrefix
 	}
 	if len(o.OptimizerSlots) == 0 {
-		o.OptimizerSlots = []string{"step", "exp_avg", "exp_avg_sq"}
+		o.OptimizerSlots = statedict.AdamWSlots()
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8
@@ -95,9 +97,11 @@ type Report struct {
 	// OptimizerLoaded is false when the optimizer was not read
 	// (NoLoadOptimizer, or the checkpoint deliberately omitted it).
 	OptimizerLoaded bool
-	// LazyParams are the parameters (fqns) whose optimizer state was wholly
-	// absent (lazily initialised, resume rule 1); their target state was
-	// left untouched. LazyKeys counts the target keys concerned.
+	// LazyParams are the target's parameters (the fqns it asks optimizer
+	// state for) whose optimizer state was wholly absent (lazily
+	// initialised, resume rule 1); their target state was left untouched.
+	// Buffers never appear: a target asks no optimizer state for them.
+	// LazyKeys counts the target keys concerned.
 	LazyParams []string
 	LazyKeys   int
 	// SkippedOptimizerKeys counts optimizer keys not loaded (rule 6).
@@ -127,14 +131,6 @@ const (
 	// ModeDirect: one pass, each read verified then copied (Options.Direct).
 	ModeDirect = "direct"
 )
-
-// Examples returns up to five of keys.
-func Examples(keys []string) []string {
-	if len(keys) > maxListed {
-		return keys[:maxListed]
-	}
-	return keys
-}
 
 // Summary is the one line logged for the load.
 func (r *Report) Summary() string {
@@ -300,6 +296,9 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 		if got := crc32.Checksum(stored, castagnoli); got != crc {
 			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
 		}
+		if err := checkBool(dtype, stored, where); err != nil {
+			return nil, err
+		}
 		return stored, nil
 	}
 	// A foreign item with a recorded CRC32C (a DCP checkpoint written by
@@ -327,7 +326,27 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 			return nil, fmt.Errorf("decode %s: %d bytes, want %d for %s%v", where, len(raw), want, dtype, sizes)
 		}
 	}
+	if err := checkBool(dtype, raw, where); err != nil {
+		return nil, err
+	}
 	return raw, nil
+}
+
+// ErrInvalidBool: a bool tensor's bytes hold a value other than 0x00 or
+// 0x01, the only two docs/FORMAT.md allows.
+var ErrInvalidBool = ckpterr.New(ckpterr.BadCheckpoint, "bool tensor holds a byte other than 0 or 1")
+
+// checkBool refuses raw bytes of a bool tensor chunk that are not 0 or 1.
+func checkBool(dtype string, raw []byte, where string) error {
+	if dtype != string(statedict.Bool) {
+		return nil
+	}
+	for i, b := range raw {
+		if b > 1 {
+			return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where, i, b)
+		}
+	}
+	return nil
 }
 
 // executor copies verified chunks of a plan into the targets.
@@ -338,7 +357,7 @@ type executor struct {
 	targets []*statedict.StateDict
 	conc    int
 	maxRead int64
-	pool    *bufPool
+	pool    *bufpool.Pool
 
 	mu   sync.Mutex
 	sets []bytesSet // bytes values, applied last
@@ -355,7 +374,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(ex.conc)
 	if ex.pool == nil {
-		ex.pool = newBufPool(ex.conc, ex.maxRead) // shared by both passes
+		ex.pool = bufpool.New(int(ex.maxRead)) // shared by both passes; ex.conc reads hold one each
 	}
 	pool := ex.pool
 	for i := range ex.plan.Ops {
@@ -372,8 +391,11 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 					return err
 				}
 			}
-			buf := pool.get(op.Length)
-			defer pool.put(buf)
+			buf, err := pool.Get(gctx, int(op.Length))
+			if err != nil {
+				return err
+			}
+			defer pool.Put(buf)
 			if err := ex.c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}
@@ -450,39 +472,6 @@ func contiguous(offsets, sizes, boxOffsets, boxSizes []int64) (start, n int64, o
 		start = start*sizes[j] + (boxOffsets[j] - offsets[j])
 	}
 	return start, n, true
-}
-
-// bufPool reuses read buffers of up to size bytes; larger requests get
-// their own. It keeps at most n, the number of reads in flight.
-type bufPool struct {
-	free chan []byte
-	size int64
-}
-
-func newBufPool(n int, size int64) *bufPool {
-	return &bufPool{free: make(chan []byte, n), size: size}
-}
-
-func (p *bufPool) get(n int64) []byte {
-	if n > p.size {
-		return make([]byte, n)
-	}
-	select {
-	case b := <-p.free:
-		return b[:n]
-	default:
-		return make([]byte, n, p.size)
-	}
-}
-
-func (p *bufPool) put(b []byte) {
-	if int64(cap(b)) != p.size {
-		return
-	}
-	select {
-	case p.free <- b:
-	default:
-	}
 }
 
 // applyAll copies staged, verified chunks into the targets, ops in parallel.

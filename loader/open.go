@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path"
 	"strings"
 
@@ -145,18 +146,19 @@ func (c *Checkpoint) URL() string { return c.store.String() }
 
 // readRange reads len(buf) bytes of a data object at offset through the
 // checkpoint's one reader. A data object the metadata names but storage
-// lacks is ErrMissingObject (a bad checkpoint), not a plain not-found.
+// lacks, or holds shorter than the metadata says, is ErrMissingObject (a
+// bad checkpoint), not a plain not-found or an unclassified short read.
 func (c *Checkpoint) readRange(ctx context.Context, object string, offset int64, buf []byte) error {
 	return MissingObject(c.store.ReadRange(ctx, object, offset, buf))
 }
 
 // MissingObject returns err with a not-found read of a data object that a
-// committed checkpoint names classified as ErrMissingObject (the storage
-// error, and its URL, stay in the chain); other errors are returned
-// unchanged. Tools that read data objects themselves (copy) use it so that
+// committed checkpoint names, or a read past its end (a truncated object,
+// io.ErrUnexpectedEOF), classified as ErrMissingObject (the storage error,
+// and its URL, stay in the chain); other errors are returned unchanged. Tools that read data objects themselves (copy) use it so that
 // a hole in a checkpoint is reported as a bad checkpoint.
 func MissingObject(err error) error {
-	if errors.Is(err, backend.ErrNotFound) {
+	if errors.Is(err, backend.ErrNotFound) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %w", ErrMissingObject, err)
 	}
 	return err

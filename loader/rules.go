@@ -31,20 +31,6 @@ type decision struct {
 	optimLoaded bool
 }
 
-// splitStateKey parses "<prefix>.state.<fqn>.<slot>" for one of slots.
-func splitStateKey(key, statePrefix string, slots []string) (fqn, slot string, ok bool) {
-	rest, found := strings.CutPrefix(key, statePrefix)
-	if !found {
-		return "", "", false
-	}
-	for _, s := range slots {
-		if f, cut := strings.CutSuffix(rest, "."+s); cut && f != "" {
-			return f, s, true
-		}
-	}
-	return "", "", false
-}
-
 func listSome(keys []string) string {
 	if len(keys) <= maxListed {
 		return strings.Join(keys, ", ")
@@ -57,7 +43,7 @@ func listSome(keys []string) string {
 func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Options) (*decision, error) {
 	d := &decision{}
 	optPrefix := opts.OptimizerPrefix + "."
-	statePrefix := opts.OptimizerPrefix + ".state."
+	statePrefix := statedict.StatePrefix(opts.OptimizerPrefix)
 	has := func(k string) bool { return md.Tensor(k) != nil || md.BytesValue(k) != nil }
 
 	// Every distinct target key, with the ranks that want it.
@@ -109,7 +95,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		type paramSlots struct{ want, have []string }
 		params := map[string]*paramSlots{}
 		for _, k := range keys {
-			fqn, _, ok := splitStateKey(k, statePrefix, opts.OptimizerSlots)
+			fqn, _, ok := statedict.SplitStateKey(k, opts.OptimizerPrefix, opts.OptimizerSlots)
 			if !ok {
 				continue
 			}
@@ -126,7 +112,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		// The checkpoint side too: every parameter with some saved state must
 		// have every slot that the checkpoint holds for any parameter, whether
 		// or not the target asks for it (corruption anywhere is refused).
-		ckptParams, observed := savedSlots(md, statePrefix, opts.OptimizerSlots)
+		ckptParams, observed := savedSlots(md, opts.OptimizerPrefix, opts.OptimizerSlots)
 		fqns := make([]string, 0, len(params))
 		for f := range params {
 			fqns = append(fqns, f)
@@ -152,7 +138,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		}
 		for fqn, saved := range ckptParams {
 			for _, slot := range observed {
-				k := statePrefix + fqn + "." + slot
+				k := statedict.StateKey(opts.OptimizerPrefix, fqn, slot)
 				if !slices.Contains(saved, slot) && !slices.Contains(partialBy[fqn], k) {
 					partialBy[fqn] = append(partialBy[fqn], k)
 				}
@@ -162,7 +148,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		for _, fqn := range sortedKeys(partialBy) {
 			var have []string
 			for _, slot := range ckptParams[fqn] {
-				have = append(have, statePrefix+fqn+"."+slot)
+				have = append(have, statedict.StateKey(opts.OptimizerPrefix, fqn, slot))
 			}
 			missing := partialBy[fqn]
 			sort.Strings(missing)
@@ -172,11 +158,14 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 			return nil, fmt.Errorf("%w (corrupt or incomplete save; refusing to resume with zeroed state): %s", ErrPartialOptimizerState, strings.Join(partial, "; "))
 		}
 		// Rule 3: every target parameter lazily absent while state was saved.
-		// Saved state that belongs to the checkpoint's own parameters (its
-		// fqns are model keys there) means the layout matches and these
-		// parameters are simply lazy (a rank holding only unrouted experts).
+		// When the checkpoint records its parameter set, the layout matches
+		// if some target parameter is one of the checkpoint's parameters
+		// (a rank holding only unrouted experts: lazy, not a mismatch).
+		// Older checkpoints without the record fall back to: saved state
+		// that belongs to the checkpoint's own model keys means the layout
+		// matches.
 		if n := savedStateEntries(md, opts); len(params) > 0 && len(d.lazyParams) == len(params) && n > 0 &&
-			!stateMatchesModel(md, ckptParams, opts.ModelPrefix) {
+			!layoutMatches(md, ckptParams, fqns, opts.ModelPrefix) {
 			return nil, layoutError(md, n, statePrefix, fqns, params[fqns[0]].want)
 		}
 	}
@@ -226,7 +215,7 @@ func savedStateEntries(md *metadata.Checkpoint, opts *Options) int {
 	n := md.Training.OptimizerStateEntries
 	if n == 0 {
 		forEachKey(md, func(k string) {
-			if strings.HasPrefix(k, opts.OptimizerPrefix+".state.") {
+			if strings.HasPrefix(k, statedict.StatePrefix(opts.OptimizerPrefix)) {
 				n++
 			}
 		})
@@ -234,11 +223,22 @@ func savedStateEntries(md *metadata.Checkpoint, opts *Options) int {
 	return n
 }
 
-// stateMatchesModel reports whether some parameter with saved optimizer
-// state is also a model key of the checkpoint.
-func stateMatchesModel(md *metadata.Checkpoint, ckptParams map[string][]string, modelPrefix string) bool {
+// layoutMatches reports whether the target's parameters (targetFqns, all
+// without saved state) belong to the checkpoint's optimizer layout: one of
+// them is in the checkpoint's recorded parameter set, or, for checkpoints
+// that do not record it, some parameter with saved state is a model key of
+// the checkpoint.
+func layoutMatches(md *metadata.Checkpoint, ckptParams map[string][]string, targetFqns []string, modelPrefix string) bool {
+	if recorded := md.Training.Params; len(recorded) > 0 {
+		for _, fqn := range targetFqns {
+			if slices.Contains(recorded, fqn) {
+				return true
+			}
+		}
+		return false
+	}
 	for fqn := range ckptParams {
-		if md.Tensor(modelPrefix+"."+fqn) != nil {
+		if md.Tensor(statedict.ModelKey(modelPrefix, fqn)) != nil {
 			return true
 		}
 	}
@@ -247,7 +247,7 @@ func stateMatchesModel(md *metadata.Checkpoint, ckptParams map[string][]string, 
 
 func layoutError(md *metadata.Checkpoint, entries int, statePrefix string, fqns, wantOne []string) error {
 	var saved []string
-	ckptState := md.Training.OptimizerPrefix + ".state."
+	ckptState := statedict.StatePrefix(md.Training.OptimizerPrefix)
 	forEachKey(md, func(k string) {
 		if len(saved) < 3 && md.Training.OptimizerPrefix != "" && strings.HasPrefix(k, ckptState) {
 			saved = append(saved, k)
@@ -286,11 +286,11 @@ func compare(md *metadata.Checkpoint, sd *statedict.StateDict, key string, rank 
 // savedSlots returns, per parameter, the optimizer slots the checkpoint
 // holds for it, and the slots (of slots, in that order) held for any
 // parameter: what every parameter with saved state must have.
-func savedSlots(md *metadata.Checkpoint, statePrefix string, slots []string) (map[string][]string, []string) {
+func savedSlots(md *metadata.Checkpoint, optimizerPrefix string, slots []string) (map[string][]string, []string) {
 	per := map[string][]string{}
 	seen := map[string]bool{}
 	forEachKey(md, func(k string) {
-		if fqn, slot, ok := splitStateKey(k, statePrefix, slots); ok {
+		if fqn, slot, ok := statedict.SplitStateKey(k, optimizerPrefix, slots); ok {
 			per[fqn] = append(per[fqn], slot)
 			seen[slot] = true
 		}

@@ -37,9 +37,9 @@ func saveOne(t *testing.T, name string, sd *statedict.StateDict, opts saver.Opti
 }
 
 func adamTarget(sd *statedict.StateDict, prefix, fqn string, shape ...int64) {
-	sd.Tensors[prefix+".state."+fqn+".step"] = zeros()
-	sd.Tensors[prefix+".state."+fqn+".exp_avg"] = zeros(shape...)
-	sd.Tensors[prefix+".state."+fqn+".exp_avg_sq"] = zeros(shape...)
+	sd.Tensors[statedict.StateKey(prefix, fqn, statedict.SlotStep)] = zeros()
+	sd.Tensors[statedict.StateKey(prefix, fqn, statedict.SlotExpAvg)] = zeros(shape...)
+	sd.Tensors[statedict.StateKey(prefix, fqn, statedict.SlotExpAvgSq)] = zeros(shape...)
 }
 
 // Regression (review): a checkpoint whose optimizer lives under another

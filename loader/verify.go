@@ -11,8 +11,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // Rule names used in verify reports.
@@ -50,6 +52,10 @@ type VerifyReport struct {
 	Info      []Finding `json:"info"`
 	// BytesChecked counts the bytes read by a deep verify.
 	BytesChecked int64 `json:"bytes_checked"`
+	// LazyParams are the checkpoint's parameters without optimizer state
+	// (rule lazy-optimizer-state), sorted; never buffers when the
+	// checkpoint records its parameter set (see TrainingState.Params).
+	LazyParams []string `json:"lazy_params"`
 }
 
 // VerifyOptions tune Verify.
@@ -58,7 +64,8 @@ type VerifyOptions struct {
 	// chunks).
 	Deep bool
 	// OptimizerPrefix and OptimizerSlots default to the checkpoint's
-	// training-state record, then to "optimizer" and AdamW's slots.
+	// training-state record, then to statedict.DefaultOptimizerPrefix and
+	// AdamW's slots.
 	OptimizerPrefix string
 	OptimizerSlots  []string
 	Concurrency     int
@@ -72,7 +79,7 @@ type VerifyOptions struct {
 // for access errors; a bad or incomplete checkpoint is a report with
 // Resumable false.
 func Verify(ctx context.Context, st *backend.Store, opts VerifyOptions) (*VerifyReport, error) {
-	rep := &VerifyReport{URL: st.String(), Deep: opts.Deep, Problems: []Finding{}, Info: []Finding{}}
+	rep := &VerifyReport{URL: st.String(), Deep: opts.Deep, Problems: []Finding{}, Info: []Finding{}, LazyParams: []string{}}
 	c, err := Open(ctx, st)
 	switch {
 	case errors.Is(err, ErrIncomplete), errors.Is(err, ErrNoCheckpoint):
@@ -81,6 +88,16 @@ func Verify(ctx context.Context, st *backend.Store, opts VerifyOptions) (*Verify
 	case err != nil:
 		return nil, err
 	}
+	if err := c.VerifyInto(ctx, rep, opts); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// Verify checks the open checkpoint as the package-level Verify does,
+// without reading its metadata again.
+func (c *Checkpoint) Verify(ctx context.Context, opts VerifyOptions) (*VerifyReport, error) {
+	rep := &VerifyReport{URL: c.URL(), Deep: opts.Deep, Problems: []Finding{}, Info: []Finding{}, LazyParams: []string{}}
 	if err := c.VerifyInto(ctx, rep, opts); err != nil {
 		return nil, err
 	}
@@ -96,14 +113,14 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 		prefix = md.Training.OptimizerPrefix
 	}
 	if prefix == "" {
-		prefix = "optimizer"
+		prefix = statedict.DefaultOptimizerPrefix
 	}
 	slots := opts.OptimizerSlots
 	if len(slots) == 0 {
 		slots = md.Training.OptimizerSlots
 	}
 	if len(slots) == 0 {
-		slots = []string{"step", "exp_avg", "exp_avg_sq"}
+		slots = statedict.AdamWSlots()
 	}
 	add := func(f Finding) { rep.Problems = append(rep.Problems, f) }
 
@@ -136,10 +153,10 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 	}
 
 	// Optimizer state: partial, lazily absent, layout.
-	statePrefix := prefix + ".state."
+	statePrefix := statedict.StatePrefix(prefix)
 	// A parameter with some saved state must have every slot saved for
 	// any parameter (slots no parameter has are not this optimizer's).
-	params, observed := savedSlots(md, statePrefix, slots)
+	params, observed := savedSlots(md, prefix, slots)
 	switch md.Training.Optimizer {
 	case metadata.OptimizerOmitted:
 		rep.Info = append(rep.Info, Finding{Rule: RuleOptimizerOmitted, Message: "optimizer state was deliberately not saved; a resume restores iteration and scheduler and starts the optimizer fresh"})
@@ -154,7 +171,7 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 			var missing []string
 			for _, s := range observed {
 				if !contains(have, s) {
-					missing = append(missing, statePrefix+fqn+"."+s)
+					missing = append(missing, statedict.StateKey(prefix, fqn, s))
 				}
 			}
 			if len(missing) > 0 {
@@ -163,21 +180,9 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 		}
 		modelPrefix := md.Training.ModelPrefix
 		if modelPrefix == "" {
-			modelPrefix = "model"
+			modelPrefix = statedict.DefaultModelPrefix
 		}
-		var lazy []string
-		matched := 0
-		for i := range md.Tensors {
-			fqn, ok := strings.CutPrefix(md.Tensors[i].Key, modelPrefix+".")
-			if !ok {
-				continue
-			}
-			if _, has := params[fqn]; has {
-				matched++
-			} else {
-				lazy = append(lazy, fqn)
-			}
-		}
+		lazy, matched := lazyParams(md, params, modelPrefix)
 		entries := md.Training.OptimizerStateEntries
 		if entries == 0 {
 			for _, s := range params {
@@ -187,13 +192,14 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 		if entries > 0 && matched == 0 {
 			var ck []string
 			forEachKey(md, func(k string) {
-				if len(ck) < 3 && !strings.HasPrefix(k, modelPrefix+".") {
+				if len(ck) < 3 && !strings.HasPrefix(k, statedict.ModelKey(modelPrefix, "")) {
 					ck = append(ck, k)
 				}
 			})
 			add(Finding{Rule: RuleLayoutMismatch, Message: fmt.Sprintf("%d optimizer state entries recorded but none matches a model parameter under %q with prefix %q (checkpoint keys e.g. %s)", entries, modelPrefix, statePrefix, strings.Join(ck, ", "))})
 		} else if len(lazy) > 0 {
-			rep.Info = append(rep.Info, Finding{Rule: RuleLazyOptimizer, Message: fmt.Sprintf("%d parameters have no optimizer state (no gradient before the save, or frozen); a resume starts their state fresh: %s", len(lazy), listSome(lazy))})
+			rep.LazyParams = lazy
+			rep.Info = append(rep.Info, Finding{Rule: RuleLazyOptimizer, Message: fmt.Sprintf("%d parameters have no optimizer state (no gradient before the save); a resume starts their state fresh: %s", len(lazy), listSome(lazy))})
 		}
 	}
 
@@ -207,6 +213,35 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 	}
 	rep.Resumable = len(rep.Problems) == 0
 	return nil
+}
+
+// lazyParams returns the checkpoint's parameters without any saved
+// optimizer state (withState maps fqns to their saved slots), sorted, and
+// how many parameters do have state. The parameters are the recorded
+// parameter set (TrainingState.Params: buffers and parameters outside the
+// optimizer are not in it); for checkpoints without the record, every
+// model key is taken for a parameter.
+func lazyParams(md *metadata.Checkpoint, withState map[string][]string, modelPrefix string) (lazy []string, matched int) {
+	note := func(fqn string) {
+		if _, has := withState[fqn]; has {
+			matched++
+		} else {
+			lazy = append(lazy, fqn)
+		}
+	}
+	if len(md.Training.Params) > 0 {
+		for _, fqn := range md.Training.Params {
+			note(fqn)
+		}
+		sort.Strings(lazy)
+		return lazy, matched
+	}
+	for i := range md.Tensors {
+		if fqn, ok := strings.CutPrefix(md.Tensors[i].Key, statedict.ModelKey(modelPrefix, "")); ok {
+			note(fqn)
+		}
+	}
+	return lazy, matched
 }
 
 func contains(xs []string, x string) bool {
@@ -251,13 +286,16 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
-	pool := newBufPool(conc, planner.DefaultMaxReadBytes)
+	pool := bufpool.New(planner.DefaultMaxReadBytes) // conc reads hold one each
 	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
 		g.Go(func() error {
-			buf := pool.get(op.Length)
-			defer pool.put(buf)
+			buf, err := pool.Get(gctx, int(op.Length))
+			if err != nil {
+				return err
+			}
+			defer pool.Put(buf)
 			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
 				return err
 			}

@@ -5,21 +5,26 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
-
-	"github.com/ckptkit/ckptkit/ckpterr"
+	"unicode/utf8"
 
 	gojson "github.com/goccy/go-json"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // ErrNewerFormat is returned when a checkpoint was written in a newer major
 // format version than this reader understands.
 var ErrNewerFormat = ckpterr.New(ckpterr.Unsupported, "checkpoint format is newer than this reader")
 
-// ErrInvalid is returned for metadata that does not decode or is
-// structurally inconsistent.
+// ErrInvalid is returned for metadata that does not decode, breaks a rule
+// of docs/FORMAT.md or is structurally inconsistent.
 var ErrInvalid = ckpterr.New(ckpterr.BadCheckpoint, "invalid checkpoint metadata")
 
 // VersionString is the version this package writes.
@@ -32,7 +37,8 @@ func (c *Checkpoint) Sort() {
 	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
 }
 
-// Encode validates c, puts it in canonical order and returns its JSON.
+// Encode validates c (as Decode will: world_size >= 1 included), puts it in
+// canonical order, writes [] for nil slices and returns its JSON.
 func Encode(c *Checkpoint) ([]byte, error) {
 	if c.Format == "" {
 		c.Format = FormatName
@@ -41,8 +47,12 @@ func Encode(c *Checkpoint) ([]byte, error) {
 		c.Version = VersionString()
 	}
 	c.Sort()
+	c.emptyArrays()
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if c.WorldSize < 1 {
+		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
 	}
 	var buf bytes.Buffer
 	enc := gojson.NewEncoder(&buf)
@@ -53,40 +63,83 @@ func Encode(c *Checkpoint) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// emptyArrays replaces nil slices with empty ones, so that Encode writes []
+// and never null for an array.
+func (c *Checkpoint) emptyArrays() {
+	orEmpty := func(s []int64) []int64 {
+		if s == nil {
+			return []int64{}
+		}
+		return s
+	}
+	if c.Tensors == nil {
+		c.Tensors = []TensorEntry{}
+	}
+	if c.Bytes == nil {
+		c.Bytes = []BytesEntry{}
+	}
+	if c.Objects == nil {
+		c.Objects = []ObjectEntry{}
+	}
+	for i := range c.Tensors {
+		t := &c.Tensors[i]
+		t.Shape = orEmpty(t.Shape)
+		if t.Chunks == nil {
+			t.Chunks = []Chunk{}
+		}
+		for j := range t.Chunks {
+			t.Chunks[j].Offsets = orEmpty(t.Chunks[j].Offsets)
+			t.Chunks[j].Sizes = orEmpty(t.Chunks[j].Sizes)
+		}
+	}
+}
+
 // Decode parses metadata. It refuses input over MaxSize, a newer major
-// version (ErrNewerFormat), unknown fields of a version it fully knows, and
-// structurally invalid content (ErrInvalid).
+// version (ErrNewerFormat), and (ErrInvalid, naming the JSON path or key)
+// everything docs/FORMAT.md forbids: a version below 1.0, a member name
+// that differs from a known one only in case, a duplicate member in any
+// object, a missing required member, null where no array is, invalid UTF-8,
+// unknown members in a version it fully knows, and structurally invalid
+// content (see Validate).
 func Decode(data []byte) (*Checkpoint, error) {
 	if len(data) > MaxSize {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrInvalid, len(data), MaxSize)
+	}
+	if bytes.HasPrefix(data, []byte("\ufeff")) {
+		return nil, fmt.Errorf("%w: the metadata starts with a byte order mark", ErrInvalid)
 	}
 	format, version, err := readHead(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if format != FormatName {
-		return nil, fmt.Errorf("%w: format %q, want %q", ErrInvalid, format, FormatName)
+		return nil, fmt.Errorf("%w: $.format is %q, want %q", ErrInvalid, format, FormatName)
 	}
 	major, minor, err := ParseVersion(version)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: $.version: %v", ErrInvalid, err)
 	}
 	if major > MajorVersion {
 		return nil, fmt.Errorf("%w: written as format %s, this reader understands %d.x; upgrade ckptkit", ErrNewerFormat, version, MajorVersion)
 	}
-	dec := gojson.NewDecoder(bytes.NewReader(data))
-	if major == MajorVersion && minor <= MinorVersion {
-		dec.DisallowUnknownFields()
+	if major < 1 {
+		return nil, fmt.Errorf("%w: $.version %q is below 1.0, which no ckptkit release wrote", ErrInvalid, version)
 	}
+	known := major == MajorVersion && minor <= MinorVersion
+	if err := checkStrict(data, known); err != nil {
+		return nil, err
+	}
+	// The strict pass has refused unknown members where they are not
+	// allowed; Unmarshal ignores the others.
 	c := new(Checkpoint)
-	if err := dec.Decode(c); err != nil {
+	if err := gojson.Unmarshal(data, c); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data after the metadata object", ErrInvalid)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if c.WorldSize < 1 {
+		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
 	}
 	return c, nil
 }
@@ -132,46 +185,68 @@ func readHead(data []byte) (format, version string, err error) {
 	return format, version, nil
 }
 
-// ParseVersion splits "MAJOR.MINOR".
+// ParseVersion splits "MAJOR.MINOR": two decimal numbers without sign or
+// leading zeros.
 func ParseVersion(v string) (major, minor int, err error) {
 	a, b, ok := strings.Cut(v, ".")
-	if !ok {
+	if !ok || !decimal(a) || !decimal(b) {
 		return 0, 0, fmt.Errorf("version %q is not MAJOR.MINOR", v)
 	}
-	if major, err = strconv.Atoi(a); err != nil || major < 0 {
+	if major, err = strconv.Atoi(a); err != nil {
 		return 0, 0, fmt.Errorf("version %q is not MAJOR.MINOR", v)
 	}
-	if minor, err = strconv.Atoi(b); err != nil || minor < 0 {
+	if minor, err = strconv.Atoi(b); err != nil {
 		return 0, 0, fmt.Errorf("version %q is not MAJOR.MINOR", v)
 	}
 	return major, minor, nil
 }
 
-// elemSizes mirrors statedict's dtype sizes; metadata stays free of other
-// packages so any reader can depend on it alone.
-var elemSizes = map[string]int64{
-	"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
-	"int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8,
+// decimal reports whether s is a canonical decimal number: digits only, no
+// leading zero unless it is "0".
+func decimal(s string) bool {
+	if s == "" || (len(s) > 1 && s[0] == '0') {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
-// ElementSize returns the byte size of a dtype name, 0 if unknown.
-func ElementSize(dtype string) int64 { return elemSizes[dtype] }
+// ElementSize returns the byte size of a dtype name, 0 if unknown. The
+// sizes are statedict's table, the only one.
+func ElementSize(dtype string) int64 { return int64(statedict.DType(dtype).Size()) }
 
-// Validate checks structure: unique sorted keys, known dtypes, chunk ranks
-// and bounds, raw chunk lengths, object references and ranges. It does not
-// check that chunks tile their tensor (see planner.CheckCoverage), which is
-// a resume rule with its own error.
+// Validate checks structure: unique keys in bytewise order, valid UTF-8
+// keys, object keys that backend.ValidateKey accepts, known dtypes,
+// non-negative integers, shapes whose byte size fits an int64, chunk ranks
+// and bounds, raw chunk lengths, object references and ranges. Errors
+// match ErrInvalid and name the JSON path ("$.tensors[3].chunks[1]") and the
+// key. It does not check that chunks tile their tensor (see
+// planner.CheckCoverage), which is a resume rule with its own error.
 func (c *Checkpoint) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
 	}
+	if c.WorldSize < 0 || c.Training.Iteration < 0 || c.Training.OptimizerStateEntries < 0 {
+		return bad("$.world_size %d, $.training.iteration %d and $.training.optimizer_state_entries %d must not be negative",
+			c.WorldSize, c.Training.Iteration, c.Training.OptimizerStateEntries)
+	}
 	objects := make(map[string]int64, len(c.Objects))
 	for i, o := range c.Objects {
-		if o.Key == "" || o.Size < 0 {
-			return bad("object %d: empty key or negative size", i)
+		if err := backend.ValidateKey(o.Key); err != nil {
+			return bad("$.objects[%d].key: %v", i, err)
+		}
+		if o.Key == ObjectKey {
+			return bad("$.objects[%d].key: %q is the metadata object, not a data object", i, o.Key)
+		}
+		if o.Size < 0 {
+			return bad("$.objects[%d].size of %q is negative (%d)", i, o.Key, o.Size)
 		}
 		if i > 0 && c.Objects[i-1].Key >= o.Key {
-			return bad("objects not sorted or duplicated at %q", o.Key)
+			return bad("$.objects[%d].key: objects not sorted or duplicated at %q", i, o.Key)
 		}
 		objects[o.Key] = o.Size
 	}
@@ -180,78 +255,124 @@ func (c *Checkpoint) Validate() error {
 	inObject := func(what func() string, obj string, off, n int64) error {
 		size, ok := objects[obj]
 		if !ok {
+			if err := backend.ValidateKey(obj); err != nil {
+				return bad("%s.object: %v", what(), err)
+			}
 			return bad("%s refers to object %q, which is not listed", what(), obj)
 		}
-		if off < 0 || n < 0 || off > size || n > size-off { // no off+n: it can overflow
+		if off < 0 || n < 0 {
+			return bad("%s: negative offset %d or length %d", what(), off, n)
+		}
+		if off > size || n > size-off { // no off+n: it can overflow
 			return bad("%s range [%d,%d) is outside object %q of %d bytes", what(), off, off+n, obj, size)
 		}
 		return nil
 	}
-	seen := make(map[string]bool, len(c.Tensors)+len(c.Bytes))
+	key := func(what string, i int, k string) error {
+		if k == "" {
+			return bad("$.%s[%d].key is empty", what, i)
+		}
+		if !utf8.ValidString(k) {
+			return bad("$.%s[%d].key %q is not valid UTF-8", what, i, k)
+		}
+		return nil
+	}
 	for i := range c.Tensors {
 		t := &c.Tensors[i]
-		if t.Key == "" {
-			return bad("tensor %d has an empty key", i)
+		if err := key("tensors", i, t.Key); err != nil {
+			return err
 		}
 		if i > 0 && c.Tensors[i-1].Key >= t.Key {
-			return bad("tensors not sorted or duplicated at %q", t.Key)
+			return bad("$.tensors[%d].key: tensors not sorted or duplicated at %q", i, t.Key)
 		}
-		seen[t.Key] = true
 		es := ElementSize(t.DType)
 		if es == 0 {
-			return bad("tensor %q: unknown dtype %q", t.Key, t.DType)
+			return bad("$.tensors[%d] (%q): unknown dtype %q", i, t.Key, t.DType)
 		}
-		for _, d := range t.Shape {
-			if d < 0 {
-				return bad("tensor %q: negative dimension in shape %v", t.Key, t.Shape)
+		// The whole tensor's byte size must be an int64: a larger shape
+		// could never be read, and its size would wrap around (a float32
+		// [2^62] would claim 0 bytes).
+		if slices.Contains(t.Shape, 0) {
+			for _, d := range t.Shape {
+				if d < 0 {
+					return bad("$.tensors[%d] (%q): negative dimension in shape %v", i, t.Key, t.Shape)
+				}
+			}
+		} else {
+			total := es
+			for _, d := range t.Shape {
+				if d < 0 {
+					return bad("$.tensors[%d] (%q): negative dimension in shape %v", i, t.Key, t.Shape)
+				}
+				if total > math.MaxInt64/d {
+					return bad("$.tensors[%d] (%q): shape %v of %s is over 2^63-1 bytes", i, t.Key, t.Shape, t.DType)
+				}
+				total *= d
 			}
 		}
-		for j, ch := range t.Chunks {
+		for j := range t.Chunks {
+			ch := &t.Chunks[j]
+			where := func() string { return fmt.Sprintf("$.tensors[%d].chunks[%d] (%q)", i, j, t.Key) }
 			if len(ch.Offsets) != len(t.Shape) || len(ch.Sizes) != len(t.Shape) {
-				return bad("tensor %q chunk %d: rank of offsets %v / sizes %v differs from shape %v", t.Key, j, ch.Offsets, ch.Sizes, t.Shape)
+				return bad("%s: rank of offsets %v / sizes %v differs from shape %v", where(), ch.Offsets, ch.Sizes, t.Shape)
 			}
-			n := int64(1)
+			n, empty := int64(1), false
 			for d := range t.Shape {
 				if ch.Offsets[d] < 0 || ch.Sizes[d] < 0 || ch.Offsets[d] > t.Shape[d] || ch.Sizes[d] > t.Shape[d]-ch.Offsets[d] {
-					return bad("tensor %q chunk %d: offsets %v sizes %v out of bounds of shape %v", t.Key, j, ch.Offsets, ch.Sizes, t.Shape)
+					return bad("%s: offsets %v sizes %v out of bounds of shape %v", where(), ch.Offsets, ch.Sizes, t.Shape)
 				}
-				if ch.Sizes[d] != 0 && n > (1<<62)/ch.Sizes[d] {
-					return bad("tensor %q chunk %d: sizes %v overflow", t.Key, j, ch.Sizes)
+				// No overflow: with no zero size, every dimension of the
+				// shape is non-zero too, and its product fits.
+				empty = empty || ch.Sizes[d] == 0
+				if !empty {
+					n *= ch.Sizes[d]
 				}
-				n *= ch.Sizes[d]
+			}
+			if empty {
+				n = 0
 			}
 			if c.Format == FormatName && ch.Encoding != EncodingRaw {
-				return bad("tensor %q chunk %d: encoding %q in a native checkpoint (native chunks are raw)", t.Key, j, ch.Encoding)
+				return bad("%s: encoding %q in a native checkpoint (native chunks are raw)", where(), ch.Encoding)
 			}
 			if ch.Encoding == EncodingRaw && ch.Length != n*es {
-				return bad("tensor %q chunk %d: length %d, want %d for %v of %s", t.Key, j, ch.Length, n*es, ch.Sizes, t.DType)
+				return bad("%s: length %d, want %d for %v of %s", where(), ch.Length, n*es, ch.Sizes, t.DType)
 			}
-			if err := inObject(func() string { return fmt.Sprintf("tensor %q chunk %d", t.Key, j) }, ch.Object, ch.Offset, ch.Length); err != nil {
+			if err := inObject(where, ch.Object, ch.Offset, ch.Length); err != nil {
 				return err
 			}
 		}
 	}
-	for i, b := range c.Bytes {
-		if b.Key == "" {
-			return bad("bytes entry %d has an empty key", i)
+	for i := range c.Bytes {
+		b := &c.Bytes[i]
+		if err := key("bytes", i, b.Key); err != nil {
+			return err
 		}
 		if i > 0 && c.Bytes[i-1].Key >= b.Key {
-			return bad("bytes not sorted or duplicated at %q", b.Key)
+			return bad("$.bytes[%d].key: bytes not sorted or duplicated at %q", i, b.Key)
 		}
-		if seen[b.Key] {
-			return bad("key %q is both a tensor and a bytes entry", b.Key)
+		if c.Tensor(b.Key) != nil { // tensors are sorted: a binary search
+			return bad("$.bytes[%d].key: %q is both a tensor and a bytes entry", i, b.Key)
 		}
+		where := func() string { return fmt.Sprintf("$.bytes[%d] (%q)", i, b.Key) }
 		if c.Format == FormatName && b.Encoding != EncodingRaw {
-			return bad("bytes %q: encoding %q in a native checkpoint (native values are raw)", b.Key, b.Encoding)
+			return bad("%s: encoding %q in a native checkpoint (native values are raw)", where(), b.Encoding)
 		}
-		if err := inObject(func() string { return fmt.Sprintf("bytes %q", b.Key) }, b.Object, b.Offset, b.Length); err != nil {
+		if err := inObject(where, b.Object, b.Offset, b.Length); err != nil {
 			return err
+		}
+	}
+	for i, p := range c.Training.Params {
+		if p == "" || !utf8.ValidString(p) {
+			return bad("$.training.params[%d] %q is empty or not valid UTF-8", i, p)
+		}
+		if i > 0 && c.Training.Params[i-1] >= p {
+			return bad("$.training.params[%d]: params not sorted or duplicated at %q", i, p)
 		}
 	}
 	switch c.Training.Optimizer {
 	case OptimizerSaved, OptimizerOmitted, OptimizerNone:
 	default:
-		return bad("training.optimizer is %q, want %q, %q or %q", c.Training.Optimizer, OptimizerSaved, OptimizerOmitted, OptimizerNone)
+		return bad("$.training.optimizer is %q, want %q, %q or %q", c.Training.Optimizer, OptimizerSaved, OptimizerOmitted, OptimizerNone)
 	}
 	return nil
 }

@@ -125,4 +125,11 @@ type TrainingState struct {
 	SchedulerPrefix string `json:"scheduler_prefix,omitempty"`
 	// ModelPrefix is the key prefix of model entries (default "model").
 	ModelPrefix string `json:"model_prefix,omitempty"`
+	// Params are the fqns of the parameters the optimizer updates (the
+	// union of its param groups' params), sorted: what tells a lazily
+	// absent parameter (no optimizer state yet) from a buffer, which never
+	// has any. Empty when the writer did not record them (checkpoints
+	// written before this field, or a save that did not know them);
+	// readers then treat every model key as a parameter.
+	Params []string `json:"params,omitempty"`
 }

@@ -9,9 +9,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/gob"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -30,15 +32,15 @@ import (
 // Version is written into Checkpoint.Writer.
 const Version = "ckptkit/0.1.0"
 
-// Default key prefixes and AdamW's slot names.
+// Default key prefixes (the key schema is statedict's).
 const (
-	DefaultModelPrefix     = "model"
-	DefaultOptimizerPrefix = "optimizer"
-	DefaultSchedulerPrefix = "scheduler"
+	DefaultModelPrefix     = statedict.DefaultModelPrefix
+	DefaultOptimizerPrefix = statedict.DefaultOptimizerPrefix
+	DefaultSchedulerPrefix = statedict.DefaultSchedulerPrefix
 )
 
 // DefaultOptimizerSlots are AdamW's per-parameter state slots.
-var DefaultOptimizerSlots = []string{"step", "exp_avg", "exp_avg_sq"}
+var DefaultOptimizerSlots = statedict.AdamWSlots()
 
 // ErrCommitted is returned when the target prefix already holds a committed
 // checkpoint and Options.Overwrite is false.
@@ -59,6 +61,13 @@ type Options struct {
 	ModelPrefix, OptimizerPrefix, SchedulerPrefix string
 	// OptimizerSlots are the per-parameter slot names (default AdamW's).
 	OptimizerSlots []string
+	// Params are the fqns of the parameters the optimizer updates (its
+	// param groups' params), recorded in the training-state record so a
+	// resume tells lazily absent parameters from buffers. When nil, they
+	// are taken from rank 0's "<OptimizerPrefix>.param_groups.<i>.params"
+	// byte values holding JSON lists of strings; without either the record
+	// has none and readers take every model key for a parameter.
+	Params []string
 	// Overwrite replaces a committed checkpoint at the prefix (its metadata
 	// is deleted first, so it is never half-valid).
 	Overwrite bool
@@ -297,6 +306,7 @@ func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 	// 4. Rank 0 commits the metadata, last.
 	var co commitOutcome
 	if rank == 0 {
+		opts.Params = paramSet(sd, opts)
 		co = commit(ctx, st, out.plan, vals, opts)
 	}
 	// The outcome must reach every rank even if a rank's context ends now:
@@ -503,6 +513,27 @@ func commit(ctx context.Context, st *backend.Store, gp *planner.GlobalPlan, vals
 	return commitOutcome{md: md, size: len(enc), bytes: total}
 }
 
+// paramSet returns the sorted, distinct parameter fqns to record:
+// opts.Params, or else the JSON string lists of sd's param-group params
+// values, or nil when any of those is not a list of strings.
+func paramSet(sd *statedict.StateDict, opts Options) []string {
+	params := slices.Clone(opts.Params)
+	if params == nil {
+		for k, v := range sd.Bytes {
+			if !statedict.IsParamsKey(k, opts.OptimizerPrefix) {
+				continue
+			}
+			var group []string
+			if err := json.Unmarshal(v, &group); err != nil {
+				return nil // not fqns (parameter indices, say): unknown
+			}
+			params = append(params, group...)
+		}
+	}
+	slices.Sort(params)
+	return slices.Compact(params)
+}
+
 // trainingRecord derives the training-state record from what was saved.
 func trainingRecord(md *metadata.Checkpoint, opts Options) metadata.TrainingState {
 	ts := metadata.TrainingState{
@@ -510,8 +541,9 @@ func trainingRecord(md *metadata.Checkpoint, opts Options) metadata.TrainingStat
 		OptimizerPrefix: opts.OptimizerPrefix,
 		OptimizerSlots:  append([]string(nil), opts.OptimizerSlots...),
 		ModelPrefix:     opts.ModelPrefix,
+		Params:          opts.Params,
 	}
-	optAny, statePrefix := opts.OptimizerPrefix+".", opts.OptimizerPrefix+".state."
+	optAny, statePrefix := opts.OptimizerPrefix+".", statedict.StatePrefix(opts.OptimizerPrefix)
 	var anyOpt bool
 	count := func(k string) {
 		if strings.HasPrefix(k, optAny) {

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # test.sh - the whole test suite, as `make test` and .ci/run run it.
-# Starts the local S3 (versitygw) and GCS (fake-gcs-server) servers with
-# scripts/test-servers.sh (installed by `go install` into a cache outside the
+# Runs scripts/lint.sh first (gofmt, go vet, staticcheck: any finding fails
+# the run before a test starts). Starts the local S3 (versitygw) and GCS
+# (fake-gcs-server) servers with scripts/test-servers.sh (installed by `go install` into a cache outside the
 # clone), runs every Go test, prints the conformance matrix, and stops the
 # servers on exit. Extra arguments go to `go test` (e.g. -short, -run X).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+bash scripts/lint.sh
 
 if [[ -x scripts/test-servers.sh || -f scripts/test-servers.sh ]]; then
 	if servers_env=$(bash scripts/test-servers.sh start); then
@@ -18,8 +21,6 @@ if [[ -x scripts/test-servers.sh || -f scripts/test-servers.sh ]]; then
 		echo "test.sh: S3/GCS test servers did not start; their tests will skip" >&2
 	fi
 fi
-
-go vet ./...
 
 # Conformance rows are appended here by each backend's test package and
 # printed after the run (go test hides a passing package's output).

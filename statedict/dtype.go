@@ -1,13 +1,11 @@
 // Package statedict holds the in-memory form of training state: tensors
 // (dtype, shape, little-endian row-major bytes), sharded tensors (a local
-// chunk of a global shape), opaque byte values, and the flattening of nested
-// state into dotted keys and back.
+// chunk of a global shape) and opaque byte values, each under a flat dotted
+// key (docs/FORMAT.md, "Keys"). It owns the one table of dtypes and their
+// element sizes.
 package statedict
 
-import (
-	"fmt"
-	"sort"
-)
+import "sort"
 
 // DType names an element type. The names are the ones docs/FORMAT.md uses.
 type DType string
@@ -28,6 +26,8 @@ const (
 	Complex64 DType = "complex64"
 )
 
+// dtypeSizes is the one table of element sizes in bytes: every other
+// package asks DType.Size (metadata.ElementSize for a dtype name).
 var dtypeSizes = map[DType]int{
 	Float32: 4, Float16: 2, BFloat16: 2, Float64: 8, Int64: 8, Int32: 4,
 	Int16: 2, Int8: 1, Uint8: 1, Bool: 1, Complex64: 8,
@@ -38,15 +38,6 @@ func (d DType) Size() int { return dtypeSizes[d] }
 
 // Valid reports whether d is a supported dtype.
 func (d DType) Valid() bool { return dtypeSizes[d] > 0 }
-
-// ParseDType checks a dtype name.
-func ParseDType(s string) (DType, error) {
-	d := DType(s)
-	if !d.Valid() {
-		return "", fmt.Errorf("unknown dtype %q (known: %v)", s, DTypes())
-	}
-	return d, nil
-}
 
 // DTypes lists every supported dtype, sorted by name.
 func DTypes() []DType {

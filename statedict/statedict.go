@@ -6,7 +6,7 @@ import (
 )
 
 // StateDict is one rank's flat training state: tensor chunks and opaque byte
-// values, each under a dotted key (see Flatten for the key rules). On save
+// values, each under a dotted key (docs/FORMAT.md, "Keys"). On save
 // it is what the rank contributes; on load it is the target the rank wants
 // filled, with Data buffers preallocated to the right size.
 type StateDict struct {

@@ -1,7 +1,10 @@
 // Package transfer copies a committed checkpoint between any two stores
 // (fs -> s3, s3 -> gs, ...): data objects first, in parallel, streamed and
 // CRC-checked on the way, then the metadata object last, so an interrupted
-// copy never leaves a committed-looking checkpoint at the destination.
+// copy never leaves a committed-looking checkpoint at the destination. A
+// copy that fails or is cancelled removes the data objects it completed
+// (in-flight uploads are aborted by the drivers) and its error says how far
+// it got.
 package transfer
 
 import (
@@ -10,6 +13,7 @@ import (
 	"hash/crc32"
 	"io"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +75,8 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 
 	ranges := chunkRanges(md)
 	var done atomic.Int64
+	var mu sync.Mutex
+	var written []string // data objects completed at dst
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opts.Parallel)
 	for _, o := range md.Objects {
@@ -89,11 +95,15 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 			if err := dst.Put(gctx, o.Key, o.Size, r, backend.PutOptions{ContentType: "application/octet-stream"}); err != nil {
 				return fmt.Errorf("copy %s to %s: %w", src.URL(o.Key), dst.URL(o.Key), err)
 			}
+			mu.Lock()
+			written = append(written, o.Key)
+			mu.Unlock()
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, fmt.Errorf("copy %s to %s: data incomplete, destination not committed: %w", src, dst, err)
+		return nil, fmt.Errorf("copy of %s to %s stopped after %d of %d data objects (%s): %w",
+			src, dst, len(written), len(md.Objects), removeWritten(ctx, dst, written), err)
 	}
 	raw := c.RawMetadata()
 	crc := crc32.Checksum(raw, castagnoli)
@@ -103,6 +113,31 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 	}
 	return &Result{Source: src.String(), Destination: dst.String(), Format: c.FormatName(), Objects: len(md.Objects) + 1,
 		Bytes: total + int64(len(raw)), Duration: time.Since(start)}, nil
+}
+
+// cleanupTimeout bounds the removal of a failed copy's data objects, which
+// runs on a fresh context because the copy's may be cancelled.
+const cleanupTimeout = 30 * time.Second
+
+// removeWritten deletes the data objects a failed copy completed at dst
+// (nothing references them: the metadata is written last) and says what is
+// left there.
+func removeWritten(ctx context.Context, dst *backend.Store, keys []string) string {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var left []string
+	for _, k := range keys {
+		if err := dst.Delete(cctx, k); err != nil {
+			left = append(left, k)
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Sprintf("the destination has no committed checkpoint; %d copied data object(s) could not be removed, e.g. %s", len(left), dst.URL(left[0]))
+	}
+	if len(keys) > 0 {
+		return fmt.Sprintf("the destination has no committed checkpoint; the %d copied data object(s) were removed", len(keys))
+	}
+	return "the destination has no committed checkpoint"
 }
 
 // prepareDestination refuses (or, forced, uncommits) a committed

@@ -29,6 +29,7 @@ import (
 	"syscall"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 )
 
 // TempPrefix starts the name of every temporary file a Put creates. List
@@ -201,7 +202,7 @@ func isGone(err error) bool {
 
 // copyBufs are Put's copy buffers: 1 MiB, so a large object is written in
 // few system calls (io.Copy's default is 32 KiB).
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+var copyBufs = bufpool.New(1 << 20)
 
 // onlyWriter hides *os.File's ReadFrom, which would bypass the buffer.
 type onlyWriter struct{ w io.Writer }
@@ -253,17 +254,16 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		}
 	}()
 
-	buf := copyBufs.Get().(*[]byte)
-	n, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(ctxReader{ctx: ctx, r: r}, size+1), *buf)
+	buf, err := copyBufs.Get(ctx, copyBufs.Size())
+	if err != nil {
+		return err
+	}
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, buf)
 	copyBufs.Put(buf)
 	if err != nil {
 		return fmt.Errorf("write %q: %w", key, err)
-	}
-	if n < size {
-		return fmt.Errorf("source ended after %d of %d declared bytes: %w", n, size, backend.ErrSizeMismatch)
-	}
-	if n > size {
-		return fmt.Errorf("source holds more than the %d declared bytes: %w", size, backend.ErrSizeMismatch)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync %q: %w", key, err)
@@ -380,10 +380,90 @@ type entry struct {
 	dir     bool
 }
 
+// ListDelimited implements backend.Driver with one directory read: the
+// regular files of the directory at prefix are its objects, and each
+// subdirectory holding at least one object (found by walking it until the
+// first one) is a common prefix.
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	if err := d.ensure(false); errors.Is(err, iofs.ErrNotExist) {
+		return ctx.Err()
+	} else if err != nil {
+		return err
+	}
+	entries, err := d.readLevel(ctx, prefix, prefix)
+	if isGone(err) && prefix != "" {
+		return ctx.Err() // no such directory: an empty level
+	}
+	if err != nil {
+		return err
+	}
+	errFound := errors.New("found an object")
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if e.dir {
+			werr := d.walk(ctx, e.sortKey, e.sortKey, func(backend.ObjectInfo) error { return errFound })
+			switch {
+			case errors.Is(werr, errFound):
+				if err := fn(backend.ObjectInfo{Key: e.sortKey, IsPrefix: true}); err != nil {
+					return err
+				}
+			case werr != nil && !isGone(werr):
+				return werr
+			}
+			continue
+		}
+		o, ok, err := d.object(prefix + e.name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := fn(o); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // walk lists directory dir (a key prefix: "" or ending in "/").
 func (d *Driver) walk(ctx context.Context, dir, prefix string, fn func(backend.ObjectInfo) error) error {
-	if err := ctx.Err(); err != nil {
+	entries, err := d.readLevel(ctx, dir, prefix)
+	if err != nil {
 		return err
+	}
+	for _, e := range entries {
+		if e.dir {
+			err := d.walk(ctx, e.sortKey, prefix, fn)
+			if err != nil && !isGone(err) {
+				return err
+			}
+			continue // a directory removed meanwhile (a concurrent gc) lists as empty
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		o, ok, err := d.object(dir + e.name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if err := fn(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readLevel reads directory dir (a key prefix: "" or ending in "/") and
+// returns its entries that lead to keys under prefix, temporary files
+// left out, sorted by the key they lead to.
+func (d *Driver) readLevel(ctx context.Context, dir, prefix string) ([]entry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	name := "."
 	if dir != "" {
@@ -391,12 +471,12 @@ func (d *Driver) walk(ctx context.Context, dir, prefix string, fn func(backend.O
 	}
 	df, err := d.root.Open(name)
 	if err != nil {
-		return goneErr{err}
+		return nil, goneErr{err}
 	}
 	des, err := df.ReadDir(-1)
 	df.Close()
 	if err != nil {
-		return goneErr{fmt.Errorf("read directory %q: %w", name, err)}
+		return nil, goneErr{fmt.Errorf("read directory %q: %w", name, err)}
 	}
 	entries := make([]entry, 0, len(des))
 	for _, de := range des {
@@ -414,35 +494,25 @@ func (d *Driver) walk(ctx context.Context, dir, prefix string, fn func(backend.O
 		entries = append(entries, e)
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].sortKey < entries[j].sortKey })
-	for _, e := range entries {
-		if e.dir {
-			err := d.walk(ctx, e.sortKey, prefix, fn)
-			if err != nil && !isGone(err) {
-				return err
-			}
-			continue // a directory removed meanwhile (a concurrent gc) lists as empty
+	return entries, nil
+}
+
+// object stats key for a listing: ok is false for what is not listed (a
+// file deleted meanwhile, a link out of the root or to a non-file).
+func (d *Driver) object(key string) (backend.ObjectInfo, bool, error) {
+	// Stat through the root: follows links that stay inside it and
+	// refuses the others, which are skipped.
+	fi, err := d.root.Stat(native(key))
+	if err != nil {
+		if errors.Is(err, iofs.ErrNotExist) || (errPathEscapes != nil && errors.Is(err, errPathEscapes)) || errors.Is(err, syscall.ELOOP) {
+			return backend.ObjectInfo{}, false, nil
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		key := dir + e.name
-		// Stat through the root: follows links that stay inside it and
-		// refuses the others, which are skipped.
-		fi, err := d.root.Stat(native(key))
-		if err != nil {
-			if errors.Is(err, iofs.ErrNotExist) || (errPathEscapes != nil && errors.Is(err, errPathEscapes)) || errors.Is(err, syscall.ELOOP) {
-				continue // deleted meanwhile, or a link we do not follow
-			}
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			continue
-		}
-		if err := fn(backend.ObjectInfo{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}); err != nil {
-			return err
-		}
+		return backend.ObjectInfo{}, false, err
 	}
-	return nil
+	if !fi.Mode().IsRegular() {
+		return backend.ObjectInfo{}, false, nil
+	}
+	return backend.ObjectInfo{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}, true, nil
 }
 
 // Delete implements backend.Driver. A missing key (or a directory) is not an

@@ -5,9 +5,12 @@
 //
 // Query parameters:
 //
-//	chunk_size  resumable-upload chunk size in bytes or with a KiB/MiB/GiB
-//	            suffix (default 16MiB, rounded up to a multiple of 256KiB);
-//	            objects larger than one chunk go through a resumable upload
+//	chunk_size  resumable-upload chunk size (default 16MiB, rounded up to a
+//	            multiple of 256KiB, at most 2GiB); objects larger than one
+//	            chunk go through a resumable upload
+//
+// Sizes follow the one unit rule of internal/bytesize: a plain number is
+// bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000.
 //
 // Credentials are Application Default Credentials. When STORAGE_EMULATOR_HOST
 // is set (for example to fake-gcs-server), the client talks to that host
@@ -28,11 +31,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 
 	"cloud.google.com/go/storage"
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
@@ -46,6 +49,9 @@ const DefaultChunkSize = 16 << 20
 
 // chunkAlign is the granularity GCS requires of resumable chunks.
 const chunkAlign = 256 << 10
+
+// maxChunkSize bounds chunk_size: one chunk is buffered in memory per Put.
+const maxChunkSize = 2 << 30
 
 func init() {
 	backend.MustRegister(Scheme, open)
@@ -92,9 +98,15 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gcs: client: %w", err)
 	}
-	// Reads, stats, lists and conditional writes are idempotent and retried
-	// by the client; Put opts its handle into RetryAlways (see Put).
-	client.SetRetry(storage.WithPolicy(storage.RetryIdempotent))
+	// The Store owns retries (backend.RetryPolicy): the client makes one
+	// attempt per call, so its retries (until a deadline, by default) do not
+	// stack under the Store's. A failed resumable chunk fails the Put, which
+	// the Store retries from the start when the source rewinds. RetryNever
+	// alone is not enough: it leaves the upload library's default chunk
+	// retries (5xx retried for 32 s) in place; a retry predicate that says
+	// no reaches those too.
+	client.SetRetry(storage.WithPolicy(storage.RetryAlways), storage.WithMaxAttempts(1),
+		storage.WithErrorFunc(func(error) bool { return false }))
 	return &Driver{client: client, bucket: client.Bucket(bucket), name: bucket, opts: opts}, nil
 }
 
@@ -112,11 +124,14 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
 		v := vs[len(vs)-1]
 		switch k {
 		case "chunk_size":
-			n, err := parseSize(v)
+			n, err := bytesize.Parse(v)
+			if err == nil && n > maxChunkSize {
+				err = fmt.Errorf("size %q is above the %d-byte limit", v, maxChunkSize)
+			}
 			if err != nil {
 				return nil, "", fmt.Errorf("gcs: URL parameter chunk_size: %w", err)
 			}
-			opts.ChunkSize = n
+			opts.ChunkSize = int(n)
 		default:
 			return nil, "", fmt.Errorf("gcs: unknown URL parameter %q", k)
 		}
@@ -126,28 +141,6 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
 		return nil, "", err
 	}
 	return d, strings.Trim(u.Path, "/"), nil
-}
-
-// parseSize parses a byte count: a plain integer or one with a KiB, MiB or
-// GiB suffix (K, M, G and KB, MB, GB are taken as binary units too).
-func parseSize(s string) (int, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	mult := 1
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-		if strings.HasSuffix(t, u.suffix) {
-			mult = u.mult
-			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
-			break
-		}
-	}
-	n, err := strconv.Atoi(t)
-	if err != nil || n < 0 || n > (1<<31)/mult {
-		return 0, fmt.Errorf("size %q is not a byte count", s)
-	}
-	return n * mult, nil
 }
 
 // Bucket returns the driver's bucket name.
@@ -207,7 +200,17 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 
 // List implements backend.Driver; GCS lists in lexicographic byte order.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
-	q := &storage.Query{Prefix: prefix}
+	return d.list(ctx, &storage.Query{Prefix: prefix}, fn)
+}
+
+// ListDelimited implements backend.Driver with a Delimiter query: GCS
+// returns each common prefix as an entry with only Prefix set.
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, &storage.Query{Prefix: prefix, Delimiter: backend.Delimiter}, fn)
+}
+
+func (d *Driver) list(ctx context.Context, q *storage.Query, fn func(backend.ObjectInfo) error) error {
+	prefix := q.Prefix
 	if err := q.SetAttrSelection([]string{"Name", "Size", "Updated"}); err != nil {
 		return fmt.Errorf("gcs: list %s: %w", prefix, err)
 	}
@@ -220,7 +223,11 @@ func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.Object
 		if err != nil {
 			return fmt.Errorf("gcs: list %s: %w", prefix, err)
 		}
-		if err := fn(backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}); err != nil {
+		o := backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}
+		if a.Name == "" && a.Prefix != "" {
+			o = backend.ObjectInfo{Key: a.Prefix, IsPrefix: true}
+		}
+		if err := fn(o); err != nil {
 			return err
 		}
 	}
@@ -248,10 +255,7 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Checkpoint objects are written whole from a buffer the client keeps
-	// per chunk, so retrying even an unconditional write only rewrites the
-	// same bytes: retry every write, not only the conditional ones.
-	obj := d.bucket.Object(key).Retryer(storage.WithPolicy(storage.RetryAlways))
+	obj := d.bucket.Object(key)
 	if opts.IfNotExists {
 		obj = obj.If(storage.Conditions{DoesNotExist: true})
 	}
@@ -266,10 +270,9 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		w.CRC32C = *opts.CRC32C
 		w.SendCRC32C = true
 	}
-	n, err := io.Copy(w, &exactReader{r: r, remaining: size})
-	if err == nil && n != size {
-		err = fmt.Errorf("source ended %d bytes early: %w", size-n, io.ErrUnexpectedEOF)
-	}
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	_, err := io.Copy(w, r)
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -282,37 +285,6 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		return fmt.Errorf("gcs: put %s: %w", key, err)
 	}
 	return nil
-}
-
-// exactReader passes through at most remaining bytes, then checks that the
-// source holds nothing more.
-type exactReader struct {
-	r         io.Reader
-	remaining int64
-}
-
-func (e *exactReader) Read(p []byte) (int, error) {
-	if e.remaining <= 0 {
-		var b [1]byte
-		for {
-			n, err := e.r.Read(b[:])
-			if n > 0 {
-				return 0, errors.New("source holds more than the declared size")
-			}
-			if err != nil {
-				return 0, err
-			}
-		}
-	}
-	if int64(len(p)) > e.remaining {
-		p = p[:e.remaining]
-	}
-	n, err := e.r.Read(p)
-	e.remaining -= int64(n)
-	if err == io.EOF && e.remaining > 0 {
-		err = fmt.Errorf("source ended %d bytes early: %w", e.remaining, io.ErrUnexpectedEOF)
-	}
-	return n, err
 }
 
 // ErrorCode implements backend.Driver. It classifies by the storage

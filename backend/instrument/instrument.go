@@ -20,11 +20,13 @@ import (
 
 // Operation names accepted by Count, CountKey and CountKeySuffix.
 const (
-	OpRead   = "read"   // NewRangeReader
-	OpPut    = "put"    // Put
-	OpStat   = "stat"   // Stat
-	OpList   = "list"   // List; the key is the listed prefix
-	OpDelete = "delete" // Delete
+	OpRead = "read" // NewRangeReader
+	OpPut  = "put"  // Put
+	OpStat = "stat" // Stat
+	OpList = "list" // List; the key is the listed prefix
+	// OpListDelimited is ListDelimited; the key is the listed prefix.
+	OpListDelimited = "list-delimited"
+	OpDelete        = "delete" // Delete
 )
 
 type opKey struct{ op, key string }
@@ -40,6 +42,7 @@ type Counter struct {
 	keys    map[opKey]int64
 	read    atomic.Int64
 	written atomic.Int64
+	listed  atomic.Int64
 }
 
 var _ backend.Driver = (*Counter)(nil)
@@ -99,6 +102,10 @@ func (c *Counter) CountKeySuffix(op, suffix string) int64 {
 	return n
 }
 
+// Listed returns how many entries List and ListDelimited delivered
+// (objects and common prefixes): what a listing enumerated.
+func (c *Counter) Listed() int64 { return c.listed.Load() }
+
 // BytesRead returns the bytes delivered by readers opened through c.
 func (c *Counter) BytesRead() int64 { return c.read.Load() }
 
@@ -114,6 +121,7 @@ func (c *Counter) Reset() {
 	c.mu.Unlock()
 	c.read.Store(0)
 	c.written.Store(0)
+	c.listed.Store(0)
 }
 
 // NewRangeReader implements backend.Driver, counted as OpRead.
@@ -141,7 +149,21 @@ func (c *Counter) Stat(ctx context.Context, key string) (backend.Attributes, err
 // List implements backend.Driver, counted as OpList under the prefix.
 func (c *Counter) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
 	c.note(OpList, prefix)
-	return c.d.List(ctx, prefix, fn)
+	return c.d.List(ctx, prefix, c.countEntries(fn))
+}
+
+// ListDelimited implements backend.Driver, counted as OpListDelimited under
+// the prefix.
+func (c *Counter) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	c.note(OpListDelimited, prefix)
+	return c.d.ListDelimited(ctx, prefix, c.countEntries(fn))
+}
+
+func (c *Counter) countEntries(fn func(backend.ObjectInfo) error) func(backend.ObjectInfo) error {
+	return func(o backend.ObjectInfo) error {
+		c.listed.Add(1)
+		return fn(o)
+	}
 }
 
 // Delete implements backend.Driver, counted as OpDelete.

@@ -16,6 +16,30 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/mem"
 )
 
+// TestListedEntries: Listed counts the entries both listings delivered,
+// and ListDelimited is counted as its own operation under its prefix.
+func TestListedEntries(t *testing.T) {
+	ctx := context.Background()
+	base, err := backend.Open(ctx, "mem:///listed")
+	require.NoError(t, err)
+	defer base.Close()
+	c := instrument.Wrap(base.Driver())
+	s := base.WithDriver(c)
+	for _, k := range []string{"top", "run/step-1/a", "run/step-1/b", "run/step-2/a"} {
+		require.NoError(t, s.PutBytes(ctx, k, []byte(k), backend.PutOptions{}))
+	}
+	var level []string
+	require.NoError(t, s.ListDelimited(ctx, "run/", func(o backend.ObjectInfo) error { level = append(level, o.Key); return nil }))
+	assert.ElementsMatch(t, []string{"run/step-1/", "run/step-2/"}, level)
+	assert.Equal(t, int64(2), c.Listed())
+	assert.Equal(t, int64(1), c.CountKey(instrument.OpListDelimited, "listed/run/"))
+	assert.Zero(t, c.Count(instrument.OpList))
+	require.NoError(t, s.List(ctx, "run/", func(backend.ObjectInfo) error { return nil }))
+	assert.Equal(t, int64(2+3), c.Listed())
+	c.Reset()
+	assert.Zero(t, c.Listed())
+}
+
 func TestCounts(t *testing.T) {
 	ctx := context.Background()
 	base, err := backend.Open(ctx, "mem:///ckpt")

@@ -131,15 +131,10 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		_ = w.Close() // aborted: returns the cancellation, publishes nothing
 		return cause
 	}
-	n, err := io.Copy(w, io.LimitReader(ctxSource{ctx: ctx, r: r}, size+1))
-	if err != nil {
+	// r is the Store's exact-size body: size bytes, then io.EOF, or an
+	// error (the Store is the one place that enforces the declared size).
+	if _, err := io.Copy(w, ctxSource{ctx: ctx, r: r}); err != nil {
 		return abort(fmt.Errorf("write %q: %w", key, err))
-	}
-	if n < size {
-		return abort(fmt.Errorf("source ended after %d of %d declared bytes: %w", n, size, backend.ErrSizeMismatch))
-	}
-	if n > size {
-		return abort(fmt.Errorf("source holds more than the %d declared bytes: %w", size, backend.ErrSizeMismatch))
 	}
 	if err := ctx.Err(); err != nil {
 		return abort(err)
@@ -180,7 +175,19 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 
 // List implements backend.Driver, streaming the bucket's sorted listing.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
-	it := d.bucket.List(&blob.ListOptions{Prefix: prefix})
+	return d.list(ctx, &blob.ListOptions{Prefix: prefix}, fn)
+}
+
+// ListDelimited implements backend.Driver with the bucket's delimiter
+// listing (common prefixes arrive as directory entries).
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, &blob.ListOptions{Prefix: prefix, Delimiter: backend.Delimiter}, fn)
+}
+
+// list streams one bucket listing; directory entries only exist with a
+// delimiter and become common prefixes.
+func (d *Driver) list(ctx context.Context, opts *blob.ListOptions, fn func(backend.ObjectInfo) error) error {
+	it := d.bucket.List(opts)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -190,12 +197,16 @@ func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.Object
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("list %q: %w", prefix, err)
+			return fmt.Errorf("list %q: %w", opts.Prefix, err)
 		}
+		e := backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime}
 		if o.IsDir {
-			continue
+			if opts.Delimiter == "" {
+				continue
+			}
+			e = backend.ObjectInfo{Key: o.Key, IsPrefix: true}
 		}
-		if err := fn(backend.ObjectInfo{Key: o.Key, Size: o.Size, ModTime: o.ModTime}); err != nil {
+		if err := fn(e); err != nil {
 			return err
 		}
 	}

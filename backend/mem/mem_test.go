@@ -11,40 +11,33 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/backend/mem"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
-
-func open(t *testing.T, url string) *backend.Store {
-	t.Helper()
-	s, err := backend.Open(context.Background(), url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
 
 func TestNamedBucketsAreShared(t *testing.T) {
 	ctx := context.Background()
 	t.Cleanup(func() { mem.Reset("shared") })
-	a := open(t, "mem://shared/run1")
+	a := storetest.Open(t, "mem://shared/run1")
 	require.NoError(t, a.PutBytes(ctx, "k", []byte("saved"), backend.PutOptions{}))
 
-	b := open(t, "mem://shared/run1")
+	b := storetest.Open(t, "mem://shared/run1")
 	got, err := b.ReadAll(ctx, "k", 0)
 	require.NoError(t, err)
 	assert.Equal(t, "saved", string(got))
 
 	// The URL path is the prefix: the whole bucket sees run1/k.
-	whole := open(t, "mem://shared")
+	whole := storetest.Open(t, "mem://shared")
 	got, err = whole.ReadAll(ctx, "run1/k", 0)
 	require.NoError(t, err)
 	assert.Equal(t, "saved", string(got))
 
 	// Closing a store does not drop a named bucket.
 	require.NoError(t, a.Close())
-	got, err = open(t, "mem://shared/run1").ReadAll(ctx, "k", 0)
+	got, err = storetest.Open(t, "mem://shared/run1").ReadAll(ctx, "k", 0)
 	require.NoError(t, err)
 	assert.Equal(t, "saved", string(got))
 
-	other := open(t, "mem://other/run1")
+	other := storetest.Open(t, "mem://other/run1")
 	_, err = other.Stat(ctx, "k")
 	assert.ErrorIs(t, err, backend.ErrNotFound)
 	mem.Reset("other")
@@ -52,20 +45,20 @@ func TestNamedBucketsAreShared(t *testing.T) {
 
 func TestAnonymousBucketsAreFresh(t *testing.T) {
 	ctx := context.Background()
-	a := open(t, "mem://")
+	a := storetest.Open(t, "mem://")
 	require.NoError(t, a.PutBytes(ctx, "k", []byte("x"), backend.PutOptions{}))
-	b := open(t, "mem://")
+	b := storetest.Open(t, "mem://")
 	_, err := b.Stat(ctx, "k")
 	assert.ErrorIs(t, err, backend.ErrNotFound)
 }
 
 func TestReset(t *testing.T) {
 	ctx := context.Background()
-	a := open(t, "mem://resetme")
+	a := storetest.Open(t, "mem://resetme")
 	require.NoError(t, a.PutBytes(ctx, "k", []byte("x"), backend.PutOptions{}))
 	mem.Reset("resetme")
 	t.Cleanup(func() { mem.Reset("resetme") })
-	b := open(t, "mem://resetme")
+	b := storetest.Open(t, "mem://resetme")
 	_, err := b.Stat(ctx, "k")
 	assert.ErrorIs(t, err, backend.ErrNotFound)
 }
@@ -73,7 +66,7 @@ func TestReset(t *testing.T) {
 func TestURLPrefix(t *testing.T) {
 	ctx := context.Background()
 	t.Cleanup(func() { mem.Reset("pfx") })
-	s := open(t, "mem://pfx/a/b/")
+	s := storetest.Open(t, "mem://pfx/a/b/")
 	assert.Equal(t, "a/b/", s.Prefix())
 	assert.Equal(t, "mem://pfx/a/b", s.String())
 	c := instrument.Wrap(s.Driver())

@@ -20,6 +20,7 @@ func TestConformance(t *testing.T) {
 		NewStore: func(t conformance.T) *backend.Store {
 			return openStore(t, "part_size", "5MiB", "multipart_threshold", "5MiB", "concurrency", "4")
 		},
+		Leftovers: noIncompleteUploads,
 	})
 }
 
@@ -46,6 +47,7 @@ func TestConformanceSeaweedFS(t *testing.T) {
 		NewStore: func(t conformance.T) *backend.Store {
 			return openStoreAt(t, raw, "part_size", "5MiB", "multipart_threshold", "5MiB", "concurrency", "4")
 		},
-		Skip: seaweedDeviations,
+		Skip:      seaweedDeviations,
+		Leftovers: noIncompleteUploads,
 	})
 }

@@ -10,9 +10,13 @@
 //	region               bucket region (default: AWS_REGION, AWS_DEFAULT_REGION, else auto)
 //	insecure=true        plain HTTP (same as secure=false)
 //	path_style=true      path-style bucket addressing (needed by most non-AWS servers)
-//	part_size            multipart part size in bytes, or with a KiB/MiB/GiB suffix (default 16MiB, minimum 5MiB)
+//	part_size            multipart part size (default 16MiB, minimum 5MiB)
 //	concurrency          parts in flight per upload (default 8)
 //	multipart_threshold  objects larger than this use multipart uploads (default 64MiB)
+//
+// Sizes follow the one unit rule of internal/bytesize: a plain number is
+// bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000 (so
+// part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
 //
 // Credentials never come from the URL. They come, in this order, from
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
@@ -38,6 +42,8 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"golang.org/x/sync/errgroup"
@@ -66,9 +72,6 @@ const (
 // abortTimeout bounds the clean-up of a failed multipart upload, which runs
 // on a fresh context because the caller's may already be cancelled.
 const abortTimeout = 30 * time.Second
-
-// partAttempts is how often one part is tried before the upload fails.
-const partAttempts = 3
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -178,8 +181,8 @@ func New(bucket string, opts Options) (*Driver, error) {
 		BucketLookup:    lookup,
 		Transport:       tr,
 		TrailingHeaders: true,
-		// The Store retries; one client-side attempt keeps the two layers
-		// from multiplying each other's retries.
+		// The Store owns retries (backend.RetryPolicy): one client-side
+		// attempt keeps the two layers from multiplying each other's.
 		MaxRetries: 1,
 	})
 	if err != nil {
@@ -235,9 +238,9 @@ func ParseQuery(q url.Values) (Options, error) {
 		case "path_style":
 			o.PathStyle, err = strconv.ParseBool(v)
 		case "part_size":
-			o.PartSize, err = ParseSize(v)
+			o.PartSize, err = bytesize.Parse(v)
 		case "multipart_threshold":
-			o.MultipartThreshold, err = ParseSize(v)
+			o.MultipartThreshold, err = bytesize.Parse(v)
 		case "concurrency":
 			o.Concurrency, err = strconv.Atoi(v)
 		default:
@@ -248,29 +251,6 @@ func ParseQuery(q url.Values) (Options, error) {
 		}
 	}
 	return o, nil
-}
-
-// ParseSize parses a byte count: a plain integer or one with a KiB, MiB or
-// GiB suffix (K, M, G and KB, MB, GB are taken as the binary units too).
-func ParseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	mult := int64(1)
-	upper := strings.ToUpper(t)
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
-		if strings.HasSuffix(upper, u.suffix) {
-			mult = u.mult
-			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/mult {
-		return 0, fmt.Errorf("size %q is not a byte count", s)
-	}
-	return n * mult, nil
 }
 
 func firstNonEmpty(s ...string) string {
@@ -379,8 +359,15 @@ func encodeCRC32C(v uint32) string {
 // List implements backend.Driver. S3 lists keys in ascending UTF-8 byte
 // order, which is the order the Driver contract asks for.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, prefix, true, fn)
+}
+
+// list runs one ListObjectsV2 listing; without recursive, S3 groups keys
+// by "/" and minio reports each common prefix as an entry whose key ends
+// in "/" (no object key does: the Store refuses empty segments).
+func (d *Driver) list(ctx context.Context, prefix string, recursive bool, fn func(backend.ObjectInfo) error) error {
 	lctx, cancel := context.WithCancel(ctx)
-	ch := d.client.ListObjects(lctx, d.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true})
+	ch := d.client.ListObjects(lctx, d.bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: recursive})
 	defer func() {
 		cancel()
 		// Drain so the lister goroutine ends.
@@ -391,11 +378,21 @@ func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.Object
 		if obj.Err != nil {
 			return fmt.Errorf("s3: list %s: %w", prefix, obj.Err)
 		}
-		if err := fn(backend.ObjectInfo{Key: obj.Key, Size: obj.Size, ModTime: obj.LastModified}); err != nil {
+		o := backend.ObjectInfo{Key: obj.Key, Size: obj.Size, ModTime: obj.LastModified}
+		if !recursive && strings.HasSuffix(obj.Key, backend.Delimiter) {
+			o = backend.ObjectInfo{Key: obj.Key, IsPrefix: true}
+		}
+		if err := fn(o); err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
+}
+
+// ListDelimited implements backend.Driver with a delimiter ("/") listing:
+// S3 returns the common prefixes in place of the objects below them.
+func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, prefix, false, fn)
 }
 
 // Delete implements backend.Driver; S3 deletes of missing keys succeed.
@@ -437,50 +434,13 @@ func (d *Driver) putSingle(ctx context.Context, key string, size int64, r io.Rea
 		po.Checksum = minio.ChecksumCRC32C
 		po.DisableContentSha256 = true
 	}
-	// The body must deliver exactly size bytes; a short or failing source
-	// makes the request fail before the server commits anything.
-	body := &exactReader{r: r, remaining: size}
-	if _, err := d.core.PutObject(ctx, d.bucket, key, body, size, "", "", po); err != nil {
-		if body.err != nil {
-			return fmt.Errorf("s3: put %s: %w (request: %v)", key, body.err, err)
-		}
+	// r is the Store's exact-size body (size bytes, then io.EOF, or an
+	// error): a failing source makes the request fail before the server
+	// commits anything, and the Store reports the source's error.
+	if _, err := d.core.PutObject(ctx, d.bucket, key, r, size, "", "", po); err != nil {
 		return fmt.Errorf("s3: put %s: %w", key, err)
 	}
-	if body.err != nil {
-		// Cannot happen with a conforming HTTP client, but never report
-		// success for a body that failed.
-		return fmt.Errorf("s3: put %s: %w", key, body.err)
-	}
 	return nil
-}
-
-// exactReader passes through at most remaining bytes and remembers the
-// source's error, so it can be reported in preference to the HTTP layer's.
-type exactReader struct {
-	r         io.Reader
-	remaining int64
-	err       error
-}
-
-func (e *exactReader) Read(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	if e.remaining <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > e.remaining {
-		p = p[:e.remaining]
-	}
-	n, err := e.r.Read(p)
-	e.remaining -= int64(n)
-	if err == io.EOF && e.remaining > 0 {
-		err = fmt.Errorf("source ended %d bytes early: %w", e.remaining, io.ErrUnexpectedEOF)
-	}
-	if err != nil && err != io.EOF {
-		e.err = err
-	}
-	return n, err
 }
 
 // partSizeFor returns the part size for an object of size bytes: the
@@ -518,7 +478,13 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 		ContentType:  opts.ContentType,
 		UserMetadata: map[string]string{"X-Amz-Checksum-Algorithm": "CRC32C", "X-Amz-Checksum-Type": "FULL_OBJECT"},
 	}
-	uploadID, err := d.core.NewMultipartUpload(ctx, d.bucket, key, initOpts)
+	// The upload is started on a context the caller cannot cancel midway
+	// (bounded by abortTimeout): cancelled after the server created the
+	// upload but before its reply arrived, the request would leave an
+	// upload whose ID nobody knows, so nobody would abort it.
+	ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	uploadID, err := d.core.NewMultipartUpload(ictx, d.bucket, key, initOpts)
+	icancel()
 	if err != nil {
 		return fmt.Errorf("s3: put %s: start multipart upload: %w", key, err)
 	}
@@ -529,21 +495,23 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 			}
 		}
 	}()
+	if err = ctx.Err(); err != nil {
+		return fmt.Errorf("s3: put %s: %w", key, err)
+	}
 
 	parts := make([]minio.CompletePart, nparts)
 	g, gctx := errgroup.WithContext(ctx)
-	pool := newBufPool(d.opts.Concurrency+1, partSize)
+	pool := bufpool.NewBounded(int(partSize), d.opts.Concurrency+1)
 	full := crc32.New(castagnoli)
 	var readErr error
 	for i := 0; i < nparts; i++ {
 		n := min(partSize, size-int64(i)*partSize)
-		buf, perr := pool.get(gctx)
+		buf, perr := pool.Get(gctx, int(n))
 		if perr != nil {
 			break // a part failed or ctx ended; g.Wait reports it
 		}
-		buf = buf[:n]
-		if rerr := readPart(r, buf, i == nparts-1); rerr != nil {
-			pool.put(buf)
+		if rerr := readPart(r, buf); rerr != nil {
+			pool.Put(buf)
 			readErr = fmt.Errorf("read part %d: %w", i+1, rerr)
 			break
 		}
@@ -558,9 +526,10 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 				// The HTTP transport may still hold buf after a failed
 				// request, so it is not reused; the cancelled group ends
 				// the upload anyway.
+				pool.Forget()
 				return fmt.Errorf("upload part %d: %w", partNum, perr)
 			}
-			pool.put(buf)
+			pool.Put(buf)
 			parts[partNum-1] = minio.CompletePart{PartNumber: partNum, ETag: p.ETag, ChecksumCRC32C: firstNonEmpty(p.ChecksumCRC32C, encodeCRC32C(sum))}
 			return nil
 		})
@@ -579,7 +548,12 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	}
 	copts := d.putOptions(opts)
 	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(full.Sum32()), "X-Amz-Checksum-Type": "FULL_OBJECT"}
-	if _, err := d.core.CompleteMultipartUpload(ctx, d.bucket, key, uploadID, parts, copts); err != nil {
+	// Completing is the commit: a cancellation from here on cannot be
+	// honoured (the server may complete a request the client gave up on),
+	// so it is not sent midway; the outcome is always known and reported.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
+	defer ccancel()
+	if _, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts); err != nil {
 		return fmt.Errorf("s3: put %s: complete multipart upload: %w", key, err)
 	}
 	return nil
@@ -621,9 +595,9 @@ func (d *Driver) abortUpload(ctx context.Context, key, uploadID string) error {
 }
 
 // readPart fills buf from r. Unlike io.ReadFull it keeps an error that
-// arrives with the bytes completing buf, and after the last part it checks
-// that r holds nothing more.
-func readPart(r io.Reader, buf []byte, last bool) error {
+// arrives with the bytes completing buf: the Store's exact-size body reports
+// an over-long source that way, with the last declared bytes.
+func readPart(r io.Reader, buf []byte) error {
 	n := 0
 	for n < len(buf) {
 		m, err := r.Read(buf[n:])
@@ -638,77 +612,23 @@ func readPart(r io.Reader, buf []byte, last bool) error {
 			return err
 		}
 	}
-	if !last {
-		return nil
-	}
-	var b [1]byte
-	for {
-		m, err := r.Read(b[:])
-		if m > 0 {
-			return fmt.Errorf("source holds more than the declared size: %w", backend.ErrSizeMismatch)
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return nil
 }
 
-// putPart uploads one buffered part, retrying transient failures a few
-// times: the part is in memory, so a retry costs one part, not the object.
+// putPart uploads one buffered part. The part is in memory, so a transient
+// failure retries the part, not the object: RetryWithin draws those
+// retries from the Store's budget for this Put, so part and Put retries
+// never multiply.
 func (d *Driver) putPart(ctx context.Context, key, uploadID string, partNum int, buf []byte, hdr http.Header) (minio.ObjectPart, error) {
-	delay := 200 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		p, err := d.core.PutObjectPart(ctx, d.bucket, key, uploadID, partNum, bytes.NewReader(buf), int64(len(buf)),
+	var p minio.ObjectPart
+	err := backend.RetryWithin(ctx, d.ErrorCode, func() error {
+		var err error
+		p, err = d.core.PutObjectPart(ctx, d.bucket, key, uploadID, partNum, bytes.NewReader(buf), int64(len(buf)),
 			minio.PutObjectPartOptions{CustomHeader: hdr})
-		if err == nil || attempt == partAttempts || d.ErrorCode(err) != backend.CodeTransient {
-			return p, err
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return p, err
-		case <-t.C:
-		}
-		delay *= 2
-	}
+		return err
+	})
+	return p, err
 }
-
-// bufPool hands out at most n buffers of one size, allocated on demand.
-type bufPool struct {
-	free chan []byte
-	made chan struct{} // one token per buffer still allowed to be made
-	size int64
-}
-
-func newBufPool(n int, size int64) *bufPool {
-	p := &bufPool{free: make(chan []byte, n), made: make(chan struct{}, n), size: size}
-	for i := 0; i < n; i++ {
-		p.made <- struct{}{}
-	}
-	return p
-}
-
-func (p *bufPool) get(ctx context.Context) ([]byte, error) {
-	select {
-	case b := <-p.free:
-		return b[:cap(b)], nil
-	default:
-	}
-	select {
-	case b := <-p.free:
-		return b[:cap(b)], nil
-	case <-p.made:
-		return make([]byte, p.size), nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (p *bufPool) put(b []byte) { p.free <- b }
 
 // ErrorCode implements backend.Driver. It classifies by S3 error code and
 // HTTP status, by context errors and by network error types.

@@ -56,7 +56,7 @@ func TestTrainS3CopyToGCSResume(t *testing.T) {
 	require.Greater(t, res.Objects, 1)
 
 	code, _, errs = ckpt(t, "copy", withPath(s3, "step-00000006"), withPath(gs, "step-00000006"))
-	require.Equal(t, 2, code, "a committed destination is refused without --force: %s", errs)
+	require.Equal(t, 6, code, "a committed destination is refused without --force (conflict): %s", errs)
 	require.Contains(t, errs, "already holds a committed checkpoint")
 
 	code, out, _ = ckpt(t, "verify", "--deep", withPath(gs, "step-00000006"))

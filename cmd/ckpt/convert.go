@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,6 +10,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/convert/native"
 	"github.com/ckptkit/ckptkit/convert/safetensors"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 )
 
 type convertOutput struct {
@@ -55,16 +54,16 @@ in-memory state, so the whole checkpoint is held in memory).
 conversion reads each tensor in row slabs costing at most a quarter of the
 cap (the slab plus the stored chunks it touches) and refuses, before writing
 anything, a tensor whose smallest slab costs more; native conversion refuses
-a checkpoint larger than the cap. Sizes take KB/MB/GB/TB (powers of 1000) or
-KiB/MiB/GiB/TiB (powers of 1024).`,
+a checkpoint larger than the cap. Sizes are ` + bytesize.Rule + `
+(so the default --shard-size 5GB is 5*10^9 bytes, as in Hugging Face).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			shard, err := parseSize(shardSize)
+			shard, err := bytesize.Parse(shardSize)
 			if err != nil {
 				return usage(fmt.Errorf("--shard-size: %w", err))
 			}
-			capBytes, err := parseSize(maxMemory)
+			capBytes, err := bytesize.Parse(maxMemory)
 			if err != nil {
 				return usage(fmt.Errorf("--max-memory: %w", err))
 			}
@@ -131,35 +130,10 @@ KiB/MiB/GiB/TiB (powers of 1024).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&to, "to", "", "output format: safetensors or ckptkit (required)")
-	f.StringVar(&shardSize, "shard-size", "5GB", "safetensors: maximum tensor bytes per file (0: one file)")
-	f.StringVar(&maxMemory, "max-memory", "0", "memory cap (0: none), e.g. 512MB")
+	f.StringVar(&shardSize, "shard-size", "5GB", "safetensors: maximum tensor bytes per file (0: one file); "+bytesize.Rule)
+	f.StringVar(&maxMemory, "max-memory", "0", "memory cap (0: none), e.g. 512MiB; "+bytesize.Rule)
 	f.BoolVar(&modelOnly, "model-only", false, `keep only model keys (safetensors: strip the "model." prefix)`)
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
-}
-
-var sizeUnits = []struct {
-	suffix string
-	mult   int64
-}{
-	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
-}
-
-// parseSize parses "5GB", "512MiB", "1.5GB" or a plain byte count.
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	mult := int64(1)
-	for _, u := range sizeUnits {
-		if len(s) > len(u.suffix) && strings.EqualFold(s[len(s)-len(u.suffix):], u.suffix) {
-			s, mult = strings.TrimSpace(s[:len(s)-len(u.suffix)]), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 || v*float64(mult) > 1<<62 {
-		return 0, fmt.Errorf("invalid size %q (e.g. 5GB, 512MiB, 1048576)", s)
-	}
-	return int64(v * float64(mult)), nil
 }

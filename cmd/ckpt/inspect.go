@@ -33,22 +33,14 @@ func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, r
 	if !errors.Is(err, loader.ErrIncomplete) && !errors.Is(err, loader.ErrNoCheckpoint) {
 		return nil, "", err
 	}
-	entry, _, lerr := catalog.Latest(ctx, st, false)
+	found, _, lerr := catalog.Latest(ctx, st, false)
 	if lerr != nil {
 		if errors.Is(lerr, catalog.ErrNoCommittedCheckpoint) {
 			return nil, "", bad(err)
 		}
 		return nil, "", lerr
 	}
-	sub, serr := st.Sub(entry.Name)
-	if serr != nil {
-		return nil, "", serr
-	}
-	c, err = loader.Open(ctx, sub)
-	if err != nil {
-		return nil, "", bad(err)
-	}
-	return c, st.String(), nil
+	return found.Checkpoint, st.String(), nil
 }
 
 type inspectChunk struct {

@@ -37,7 +37,7 @@ ckptkit did not write (gc never deletes such prefixes).`,
 				return err
 			}
 			defer run.Close()
-			es, err := catalog.List(ctx, run)
+			es, err := catalog.ListDetailed(ctx, run)
 			if err != nil {
 				return err
 			}

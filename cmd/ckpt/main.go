@@ -4,7 +4,8 @@
 //
 // Exit codes follow the error's ckpterr class: 0 success, 1 bad checkpoint,
 // 2 usage, 3 not found, 4 access, 5 transient, 6 conflict, 7 unsupported,
-// 10 internal, 130 interrupted (see README.md, "Exit codes").
+// 10 internal, 130 interrupted (143 for SIGTERM; see signals.go and
+// README.md, "Exit codes").
 package main
 
 import (
@@ -64,7 +65,11 @@ func exitCode(err error) int {
 }
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	// SIGINT/SIGTERM cancel every command's context; the exit code is then
+	// 130/143 (see signals.go).
+	ctx, in := withInterrupt(context.Background(), os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	os.Exit(in.stop(code))
 }
 
 // run executes the ckpt command line args and returns the exit code.

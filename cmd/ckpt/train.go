@@ -88,7 +88,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res := trainResult{Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
-		entry, skipped, err := catalog.Latest(ctx, run, false)
+		// Latest opens the newest valid checkpoint and reads its metadata
+		// once; the load below reads through that same opened checkpoint.
+		found, skipped, err := catalog.Latest(ctx, run, false)
 		for _, s := range skipped {
 			logf("skipping %s: %s", s.Entry.URL, s.Reason)
 		}
@@ -105,29 +107,29 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		case err != nil:
 			return err
 		default:
-			st, err := run.Sub(entry.Name)
-			if err != nil {
-				return err
-			}
+			c := found.Checkpoint
 			withOptim := !f.noLoadOptim
 			targets := tr.LoadTargets(f.ranks, withOptim)
-			rep, err := loader.Load(ctx, st, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
+			rep, err := c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
 			if err != nil {
 				return bad(fmt.Errorf("resume: %w", err))
 			}
 			if err := tr.Restore(targets, rep.Iteration, rep.LazyParams, rep.OptimizerLoaded); err != nil {
-				return bad(fmt.Errorf("resume from %s: %w", st, err))
+				return bad(fmt.Errorf("resume from %s: %w", c.URL(), err))
 			}
 			step := rep.Iteration
-			res.ResumedFrom, res.ResumedURL = &step, st.String()
+			res.ResumedFrom, res.ResumedURL = &step, c.URL()
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
-			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", st, step, rep.LazyKeys)
+			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
 		}
 	}
 
 	var saveTime time.Duration
 	for tr.Iteration() < f.steps {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(res.Checkpoints), context.Cause(ctx))
+		}
 		loss := tr.Step()
 		step := tr.Iteration()
 		res.Loss = loss
@@ -138,6 +140,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			}
 			sr, err := saver.SaveLocal(ctx, st, tr.StateDicts(f.ranks, !f.noSaveOptim), saver.Options{
 				Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true,
+				Params: tr.Trainable(),
 			})
 			if err != nil {
 				return err
@@ -161,4 +164,12 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "step %d loss %.6f lr %g weights_sha256 %s\n", res.Step, res.Loss, res.LR, res.WeightsSHA256)
 	return nil
+}
+
+// lastSaved says which checkpoint an interrupted run can resume from.
+func lastSaved(saved []string) string {
+	if len(saved) == 0 {
+		return "no checkpoint saved by this run"
+	}
+	return "last checkpoint saved: " + saved[len(saved)-1]
 }

@@ -207,7 +207,7 @@ func Convert(ctx context.Context, src *loader.Checkpoint, dst *backend.Store, op
 func selectItems(md *metadata.Checkpoint, modelOnly bool, skipped *[]string) ([]item, error) {
 	prefix := md.Training.ModelPrefix
 	if prefix == "" {
-		prefix = "model"
+		prefix = statedict.DefaultModelPrefix
 	}
 	var items []item
 	for i := range md.Tensors {

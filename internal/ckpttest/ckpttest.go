@@ -6,11 +6,8 @@ package ckpttest
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net/url"
 	"os"
 	"sort"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -21,6 +18,8 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/mem" // mem:// for tests
 	_ "github.com/ckptkit/ckptkit/backend/s3"  // s3:// when CKPTKIT_TEST_S3_URL is set
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/detbytes"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -56,35 +55,14 @@ func Backends(t testing.TB) []Backend {
 		return bs
 	}
 	return append(bs, Backend{Name: "s3", Open: func(t testing.TB) *backend.Store {
-		u, err := url.Parse(raw)
+		root, err := backend.Open(context.Background(), raw)
 		require.NoError(t, err)
-		u.Path = strings.TrimSuffix(u.Path, "/") + fmt.Sprintf("/ckpttest-%d-%d-%d", os.Getpid(), seq.Add(1), rand.Int64())
-		st := OpenURL(t, u.String())
-		t.Cleanup(func() { removeAll(st) }) // registered last: runs before Close
-		return st
+		return storetest.Scratch(t, root)
 	}})
 }
 
-// removeAll deletes every object under st, best effort.
-func removeAll(st *backend.Store) {
-	ctx := context.Background()
-	var keys []string
-	_ = st.List(ctx, "", func(o backend.ObjectInfo) error {
-		keys = append(keys, o.Key)
-		return nil
-	})
-	for _, k := range keys {
-		_ = st.Delete(ctx, k)
-	}
-}
-
 // OpenURL opens a store and closes it at cleanup.
-func OpenURL(t testing.TB, raw string) *backend.Store {
-	st, err := backend.Open(context.Background(), raw)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = st.Close() })
-	return st
-}
+func OpenURL(t testing.TB, raw string) *backend.Store { return storetest.Open(t, raw) }
 
 // State is a deterministic training state: global tensors and bytes values.
 type State struct {
@@ -96,19 +74,9 @@ type State struct {
 // parameters and a scheduler value. rows scales the tensors' first
 // dimension.
 func NewState(seed uint64, rows int64) *State {
-	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
 	s := &State{Tensors: map[string]*statedict.Tensor{}, Bytes: map[string][]byte{}}
-	fill := func(t *statedict.Tensor) *statedict.Tensor {
-		for i := range t.Data {
-			t.Data[i] = byte(rng.Uint32())
-		}
-		if t.DType == statedict.Bool {
-			for i := range t.Data {
-				t.Data[i] &= 1
-			}
-		}
-		return t
-	}
+	n := seed << 32
+	fill := func(t *statedict.Tensor) *statedict.Tensor { n++; return detbytes.Tensor(t, n) }
 	for _, dt := range statedict.DTypes() {
 		s.Tensors["model.layer_"+string(dt)+".weight"] = fill(statedict.NewTensor(dt, rows, 3))
 	}
@@ -116,11 +84,12 @@ func NewState(seed uint64, rows int64) *State {
 	s.Tensors["model.scale"] = fill(statedict.NewTensor(statedict.Float32))
 	for _, p := range []string{"embed.weight", "layer_float32.weight"} {
 		w := s.Tensors["model."+p]
-		s.Tensors["optimizer.state."+p+".step"] = fill(statedict.NewTensor(statedict.Float32))
-		s.Tensors["optimizer.state."+p+".exp_avg"] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
-		s.Tensors["optimizer.state."+p+".exp_avg_sq"] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
+		opt := statedict.DefaultOptimizerPrefix
+		s.Tensors[statedict.StateKey(opt, p, statedict.SlotStep)] = fill(statedict.NewTensor(statedict.Float32))
+		s.Tensors[statedict.StateKey(opt, p, statedict.SlotExpAvg)] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
+		s.Tensors[statedict.StateKey(opt, p, statedict.SlotExpAvgSq)] = fill(statedict.NewTensor(statedict.Float32, w.Shape...))
 	}
-	s.Bytes["optimizer.param_groups.0.lr"] = []byte("0.001")
+	s.Bytes[statedict.ParamGroupKey(statedict.DefaultOptimizerPrefix, 0, "lr")] = []byte("0.001")
 	s.Bytes["scheduler.last_epoch"] = []byte(fmt.Sprint(seed))
 	return s
 }
@@ -145,6 +114,22 @@ func (s *State) Shard(world int) []*statedict.StateDict {
 		sds[0].Bytes[k] = b
 	}
 	return sds
+}
+
+// Targets returns load targets with the keys and geometry of sds (one per
+// rank): zero-filled tensor buffers, bytes keys with nil values.
+func Targets(sds []*statedict.StateDict) []*statedict.StateDict {
+	targets := make([]*statedict.StateDict, len(sds))
+	for r, sd := range sds {
+		targets[r] = statedict.New()
+		for k, v := range sd.Tensors {
+			targets[r].Tensors[k] = &statedict.Shard{DType: v.DType, GlobalShape: v.GlobalShape, Offsets: v.Offsets, Sizes: v.Sizes, Data: make([]byte, len(v.Data))}
+		}
+		for k := range sd.Bytes {
+			targets[r].Bytes[k] = nil
+		}
+	}
+	return targets
 }
 
 // Keys lists every key, sorted.

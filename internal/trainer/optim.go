@@ -1,6 +1,10 @@
 package trainer
 
-import "math"
+import (
+	"math"
+
+	"github.com/ckptkit/ckptkit/statedict"
+)
 
 // AdamW hyperparameters (PyTorch's names and defaults, except weight decay).
 const (
@@ -17,11 +21,11 @@ const (
 	StepSize = 5
 )
 
-// Slot names of AdamW's per-parameter state.
+// Slot names of AdamW's per-parameter state (statedict's key schema).
 const (
-	SlotStep     = "step"
-	SlotExpAvg   = "exp_avg"
-	SlotExpAvgSq = "exp_avg_sq"
+	SlotStep     = statedict.SlotStep
+	SlotExpAvg   = statedict.SlotExpAvg
+	SlotExpAvgSq = statedict.SlotExpAvgSq
 )
 
 var adamSlots = []string{SlotStep, SlotExpAvg, SlotExpAvgSq}

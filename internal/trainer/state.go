@@ -11,26 +11,29 @@ import (
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// Key prefixes and byte keys of the trainer's flattened state.
+// Key prefixes of the trainer's flattened state (statedict's defaults).
 const (
-	ModelPrefix     = "model"
-	OptimizerPrefix = "optimizer"
-	SchedulerPrefix = "scheduler"
+	ModelPrefix     = statedict.DefaultModelPrefix
+	OptimizerPrefix = statedict.DefaultOptimizerPrefix
+	SchedulerPrefix = statedict.DefaultSchedulerPrefix
+)
 
-	KeyLR          = OptimizerPrefix + ".param_groups.0.lr"
-	KeyBetas       = OptimizerPrefix + ".param_groups.0.betas"
-	KeyEps         = OptimizerPrefix + ".param_groups.0.eps"
-	KeyWeightDecay = OptimizerPrefix + ".param_groups.0.weight_decay"
+// Byte keys of the trainer's flattened state.
+var (
+	KeyLR          = statedict.ParamGroupKey(OptimizerPrefix, 0, "lr")
+	KeyBetas       = statedict.ParamGroupKey(OptimizerPrefix, 0, "betas")
+	KeyEps         = statedict.ParamGroupKey(OptimizerPrefix, 0, "eps")
+	KeyWeightDecay = statedict.ParamGroupKey(OptimizerPrefix, 0, "weight_decay")
 	KeyLastEpoch   = SchedulerPrefix + ".last_epoch"
 	KeyBaseLR      = SchedulerPrefix + ".base_lr"
 )
 
 // ModelKey returns the state key of parameter fqn ("model.<fqn>").
-func ModelKey(fqn string) string { return ModelPrefix + "." + fqn }
+func ModelKey(fqn string) string { return statedict.ModelKey(ModelPrefix, fqn) }
 
 // OptimizerKey returns the state key of a parameter's optimizer slot
 // ("optimizer.state.<fqn>.<slot>").
-func OptimizerKey(fqn, slot string) string { return OptimizerPrefix + ".state." + fqn + "." + slot }
+func OptimizerKey(fqn, slot string) string { return statedict.StateKey(OptimizerPrefix, fqn, slot) }
 
 // StateDicts returns one StateDict per rank of a world of `world` ranks
 // (world >= 1): parameters and optimizer slots row-sharded on dim 0 with

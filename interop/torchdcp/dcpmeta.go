@@ -9,6 +9,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // Names of the format and its chunk encodings in the common model.
@@ -31,11 +32,11 @@ const (
 	VersionTorch2 = family2x
 	// OptimizerPrefix is the key prefix of optimizer entries (per-parameter
 	// state under "optimizer.state.<fqn>.<slot>", torch >= 2.4 flattening).
-	OptimizerPrefix = "optimizer"
+	OptimizerPrefix = statedict.DefaultOptimizerPrefix
 	// ModelPrefix is the key prefix of model entries.
-	ModelPrefix = "model"
+	ModelPrefix = statedict.DefaultModelPrefix
 	// SchedulerPrefix is the key prefix of learning-rate scheduler entries.
-	SchedulerPrefix = "scheduler"
+	SchedulerPrefix = statedict.DefaultSchedulerPrefix
 )
 
 // DecodeMetadata parses a DCP ".metadata" pickle into the common model.
@@ -441,7 +442,7 @@ func training(c *metadata.Checkpoint) metadata.TrainingState {
 		OptimizerPrefix: OptimizerPrefix,
 		ModelPrefix:     ModelPrefix,
 	}
-	statePrefix := OptimizerPrefix + ".state."
+	statePrefix := statedict.StatePrefix(OptimizerPrefix)
 	slots := map[string]bool{}
 	visit := func(key string) {
 		if rest, ok := strings.CutPrefix(key, statePrefix); ok {

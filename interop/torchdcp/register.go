@@ -20,7 +20,10 @@ func Format() metadata.Format {
 			if _, err := ApplyIntegrity(c, ItemReader(read)); err != nil {
 				return err
 			}
-			_, err := FillIteration(c, ItemReader(read))
+			if _, err := FillIteration(c, ItemReader(read)); err != nil {
+				return err
+			}
+			_, err := FillParams(c, ItemReader(read))
 			return err
 		},
 	}

@@ -34,7 +34,7 @@ func PlanRun(ctx context.Context, run *backend.Store, p Policy, deep bool, now t
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	entries, err := catalog.List(ctx, run)
+	entries, err := catalog.ListDetailed(ctx, run)
 	if err != nil {
 		return nil, fmt.Errorf("gc %s: %w", run, err)
 	}

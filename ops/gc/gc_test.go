@@ -46,7 +46,7 @@ func (h *hookDriver) Delete(ctx context.Context, key string) error {
 
 func steps(t *testing.T, run *backend.Store) map[int64]catalog.Entry {
 	t.Helper()
-	es, err := catalog.List(context.Background(), run)
+	es, err := catalog.ListDetailed(context.Background(), run)
 	require.NoError(t, err)
 	out := map[int64]catalog.Entry{}
 	for _, e := range es {

@@ -54,8 +54,8 @@ type Config struct {
 	// StartTimeout bounds one plugin start (handshake); 0 means 20s.
 	StartTimeout time.Duration
 	// RestartAttempts bounds the starts tried when a call finds its plugin
-	// dead; 0 means 3. They are spaced by RestartBackoff, doubling; 0
-	// means 100ms.
+	// dead; 0 means 3. They are spaced by backend.Backoff from
+	// RestartBackoff (doubling, with jitter); 0 means 100ms.
 	RestartAttempts int
 	RestartBackoff  time.Duration
 	// ForceStreaming keeps read and write bodies on the gRPC streams even

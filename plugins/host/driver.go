@@ -7,6 +7,7 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -354,13 +355,62 @@ func (d *driver) unary(ctx context.Context, op string, f func(context.Context, *
 // List implements backend.Driver. An error from fn stops the stream and is
 // returned as it is.
 func (d *driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.list(ctx, &pb.ListRequest{Prefix: prefix}, func(e *pb.ListEntry, _ bool) error {
+		return fn(entryInfo(e))
+	})
+}
+
+// ListDelimited implements backend.Driver with a delimited List request
+// (protocol minor 2). A plugin that predates it ignores the field and
+// streams the whole listing, with ListResponse.delimited unset: the host
+// then groups the keys under prefix into common prefixes itself, relying on
+// the ascending order of a plain listing to report each prefix once.
+func (d *driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	last := ""
+	return d.list(ctx, &pb.ListRequest{Prefix: prefix, Delimited: true}, func(e *pb.ListEntry, delimited bool) error {
+		if delimited {
+			o := entryInfo(e)
+			if e.GetIsPrefix() {
+				o = backend.ObjectInfo{Key: e.GetKey(), IsPrefix: true}
+			}
+			return fn(o)
+		}
+		rest, ok := strings.CutPrefix(e.GetKey(), prefix)
+		if !ok {
+			return nil
+		}
+		i := strings.Index(rest, backend.Delimiter)
+		if i < 0 {
+			return fn(entryInfo(e))
+		}
+		p := prefix + rest[:i+1]
+		if p == last {
+			return nil
+		}
+		last = p
+		return fn(backend.ObjectInfo{Key: p, IsPrefix: true})
+	})
+}
+
+func entryInfo(e *pb.ListEntry) backend.ObjectInfo {
+	o := backend.ObjectInfo{Key: e.GetKey(), Size: e.GetSize()}
+	if ns := e.GetModTimeUnixNano(); ns != 0 {
+		o.ModTime = time.Unix(0, ns)
+	}
+	return o
+}
+
+// list streams one List call, passing each entry with its response's
+// delimited flag.
+func (d *driver) list(ctx context.Context, req *pb.ListRequest, fn func(e *pb.ListEntry, delimited bool) error) error {
 	in, h, err := d.bind(ctx)
 	if err != nil {
 		return err
 	}
 	cctx, cancel := in.callCtx(ctx)
 	defer cancel()
-	stream, err := in.rpc.List(cctx, &pb.ListRequest{Handle: h, Prefix: prefix})
+	req.Handle = h
+	stream, err := in.rpc.List(cctx, req)
 	if err != nil {
 		return d.p.convert(ctx, in, "list", err, crashRetryable)
 	}
@@ -373,11 +423,7 @@ func (d *driver) List(ctx context.Context, prefix string, fn func(backend.Object
 			return d.p.convert(ctx, in, "list", err, crashRetryable)
 		}
 		for _, e := range resp.GetEntries() {
-			o := backend.ObjectInfo{Key: e.GetKey(), Size: e.GetSize()}
-			if ns := e.GetModTimeUnixNano(); ns != 0 {
-				o.ModTime = time.Unix(0, ns)
-			}
-			if err := fn(o); err != nil {
+			if err := fn(e, resp.GetDelimited()); err != nil {
 				return err
 			}
 		}

@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"math/rand/v2"
+
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/detbytes"
 	"github.com/ckptkit/ckptkit/plugins/host"
 	pb "github.com/ckptkit/ckptkit/plugins/proto"
 	hclog "github.com/hashicorp/go-hclog"
@@ -39,11 +40,7 @@ func sha256File(t testing.TB, path string) string {
 	return hex.EncodeToString(s[:])
 }
 
-func randomBytes(n int, seed uint64) []byte {
-	b := make([]byte, n)
-	_, _ = rand.NewChaCha8([32]byte{byte(seed)}).Read(b)
-	return b
-}
+func randomBytes(n int, seed uint64) []byte { return detbytes.Bytes(seed, n) }
 
 func crc(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
 

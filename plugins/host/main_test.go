@@ -3,7 +3,6 @@
 package host_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,11 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ckptkit/ckptkit/conformance"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/plugins/host"
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
@@ -103,28 +101,7 @@ func bothPaths(t *testing.T, test func(t *testing.T, streaming bool)) {
 }
 
 // logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) Contains(s string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Contains(l.b.String(), s)
-}
+type logBuffer = ckpttest.SyncBuffer
 
 func testLogger(w io.Writer) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: w})

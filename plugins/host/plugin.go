@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/plugins/internal/shm"
@@ -349,7 +348,8 @@ func (in *instance) callCtx(ctx context.Context) (context.Context, context.Cance
 }
 
 // live returns the running instance, restarting the plugin when it died:
-// up to RestartAttempts starts, spaced by a doubling RestartBackoff.
+// up to RestartAttempts starts, spaced by backend.Backoff from
+// RestartBackoff (doubling, with jitter).
 func (p *Plugin) live(ctx context.Context) (*instance, error) {
 	if in, err := p.current(); in != nil || err != nil {
 		return in, err
@@ -363,18 +363,13 @@ func (p *Plugin) live(ctx context.Context) (*instance, error) {
 	if in, err := p.current(); in != nil || err != nil {
 		return in, err // another call restarted it meanwhile
 	}
-	delay := p.cfg.RestartBackoff
+	bo := backend.Backoff{Base: p.cfg.RestartBackoff}
 	var errs []error
 	for attempt := 0; attempt < p.cfg.RestartAttempts; attempt++ {
 		if attempt > 0 {
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if bo.Wait(ctx) != nil {
 				return nil, &CallError{Plugin: p.Name, Op: "restart", Code: backend.CodeCanceled, Err: context.Cause(ctx)}
-			case <-t.C:
 			}
-			delay *= 2
 		}
 		in, desc, err := p.start(ctx)
 		if err == nil && (desc.GetName() != p.Name || !slices.Equal(desc.GetSchemes(), p.Schemes)) {

@@ -1389,9 +1389,14 @@ func (x *StatResponse) GetCrc32C() uint32 {
 }
 
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Handle        string                 `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
-	Prefix        string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Handle string                 `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	Prefix string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// delimited asks for the one-level ("/"-delimited) listing of a prefix
+	// that is empty or ends in "/" (minor 2). A plugin of minor 1 ignores it
+	// and streams the whole listing, with delimited unset in its responses;
+	// the host then groups the keys into common prefixes itself.
+	Delimited     bool `protobuf:"varint,3,opt,name=delimited,proto3" json:"delimited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1440,13 +1445,23 @@ func (x *ListRequest) GetPrefix() string {
 	return ""
 }
 
+func (x *ListRequest) GetDelimited() bool {
+	if x != nil {
+		return x.Delimited
+	}
+	return false
+}
+
 type ListEntry struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Key             string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	Size            int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
 	ModTimeUnixNano int64                  `protobuf:"varint,3,opt,name=mod_time_unix_nano,json=modTimeUnixNano,proto3" json:"mod_time_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// is_prefix marks a common prefix of a delimited listing (key ends in
+	// "/"; size and mod time are 0).
+	IsPrefix      bool `protobuf:"varint,4,opt,name=is_prefix,json=isPrefix,proto3" json:"is_prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListEntry) Reset() {
@@ -1500,9 +1515,19 @@ func (x *ListEntry) GetModTimeUnixNano() int64 {
 	return 0
 }
 
+func (x *ListEntry) GetIsPrefix() bool {
+	if x != nil {
+		return x.IsPrefix
+	}
+	return false
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Entries       []*ListEntry           `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*ListEntry           `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// delimited is set on every response of a delimited listing by a plugin
+	// that honoured ListRequest.delimited (minor 2).
+	Delimited     bool `protobuf:"varint,2,opt,name=delimited,proto3" json:"delimited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1542,6 +1567,13 @@ func (x *ListResponse) GetEntries() []*ListEntry {
 		return x.Entries
 	}
 	return nil
+}
+
+func (x *ListResponse) GetDelimited() bool {
+	if x != nil {
+		return x.Delimited
+	}
+	return false
 }
 
 type DeleteRequest struct {
@@ -1712,16 +1744,19 @@ const file_storage_proto_rawDesc = "" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12+\n" +
 	"\x12mod_time_unix_nano\x18\x02 \x01(\x03R\x0fmodTimeUnixNano\x12\x1b\n" +
 	"\x06crc32c\x18\x03 \x01(\rH\x00R\x06crc32c\x88\x01\x01B\t\n" +
-	"\a_crc32c\"=\n" +
+	"\a_crc32c\"[\n" +
 	"\vListRequest\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\x12\x16\n" +
-	"\x06prefix\x18\x02 \x01(\tR\x06prefix\"^\n" +
+	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12\x1c\n" +
+	"\tdelimited\x18\x03 \x01(\bR\tdelimited\"{\n" +
 	"\tListEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12+\n" +
-	"\x12mod_time_unix_nano\x18\x03 \x01(\x03R\x0fmodTimeUnixNano\"F\n" +
+	"\x12mod_time_unix_nano\x18\x03 \x01(\x03R\x0fmodTimeUnixNano\x12\x1b\n" +
+	"\tis_prefix\x18\x04 \x01(\bR\bisPrefix\"d\n" +
 	"\fListResponse\x126\n" +
-	"\aentries\x18\x01 \x03(\v2\x1c.ckptkit.plugin.v1.ListEntryR\aentries\"9\n" +
+	"\aentries\x18\x01 \x03(\v2\x1c.ckptkit.plugin.v1.ListEntryR\aentries\x12\x1c\n" +
+	"\tdelimited\x18\x02 \x01(\bR\tdelimited\"9\n" +
 	"\rDeleteRequest\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\"\x10\n" +

@@ -63,7 +63,9 @@ type StorageClient interface {
 	Put(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutFrame, PutResponse], error)
 	// Stat returns an object's attributes.
 	Stat(ctx context.Context, in *StatRequest, opts ...grpc.CallOption) (*StatResponse, error)
-	// List streams the objects under a prefix in ascending key order.
+	// List streams the objects under a prefix in ascending key order; with
+	// ListRequest.delimited (minor 2), one level: the objects directly under
+	// the prefix and each deeper common prefix once (ListEntry.is_prefix).
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListResponse], error)
 	// Delete removes an object; a missing object is not an error.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
@@ -251,7 +253,9 @@ type StorageServer interface {
 	Put(grpc.ClientStreamingServer[PutFrame, PutResponse]) error
 	// Stat returns an object's attributes.
 	Stat(context.Context, *StatRequest) (*StatResponse, error)
-	// List streams the objects under a prefix in ascending key order.
+	// List streams the objects under a prefix in ascending key order; with
+	// ListRequest.delimited (minor 2), one level: the objects directly under
+	// the prefix and each deeper common prefix once (ListEntry.is_prefix).
 	List(*ListRequest, grpc.ServerStreamingServer[ListResponse]) error
 	// Delete removes an object; a missing object is not an error.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)

@@ -584,7 +584,9 @@ func (s *server) Stat(ctx context.Context, req *pb.StatRequest) (*pb.StatRespons
 	return resp, nil
 }
 
-// List implements pb.StorageServer, in batches of listBatch entries.
+// List implements pb.StorageServer, in batches of listBatch entries; a
+// delimited request is served by the driver's ListDelimited, and each
+// response says so.
 func (s *server) List(req *pb.ListRequest, stream pb.Storage_ListServer) error {
 	ctx := stream.Context()
 	drv, err := s.driver(req.GetHandle())
@@ -596,18 +598,25 @@ func (s *server) List(req *pb.ListRequest, stream pb.Storage_ListServer) error {
 			return err
 		}
 	}
-	batch := &pb.ListResponse{}
+	list, delimited := drv.List, req.GetDelimited()
+	if delimited {
+		if p := req.GetPrefix(); p != "" && !strings.HasSuffix(p, backend.Delimiter) {
+			return fail(ctx, drv, fmt.Errorf("delimited listing prefix %q does not end in %q: %w", p, backend.Delimiter, backend.ErrInvalidKey))
+		}
+		list = drv.ListDelimited
+	}
+	batch := &pb.ListResponse{Delimited: delimited}
 	var sendErr error
 	flush := func() error {
 		if len(batch.Entries) == 0 {
 			return nil
 		}
 		err := stream.Send(batch)
-		batch = &pb.ListResponse{}
+		batch = &pb.ListResponse{Delimited: delimited}
 		return err
 	}
-	err = drv.List(ctx, req.GetPrefix(), func(o backend.ObjectInfo) error {
-		e := &pb.ListEntry{Key: o.Key, Size: o.Size}
+	err = list(ctx, req.GetPrefix(), func(o backend.ObjectInfo) error {
+		e := &pb.ListEntry{Key: o.Key, Size: o.Size, IsPrefix: o.IsPrefix}
 		if !o.ModTime.IsZero() {
 			e.ModTimeUnixNano = o.ModTime.UnixNano()
 		}

@@ -111,10 +111,10 @@ func runBench(args []string) error {
 	}
 	cfg := &config{runs: max(*runs, 3), jsonPath: *jsonPath, profDir: *prof, memLimitVariant: *memLim, verbose: *verbose, only: map[string]bool{}}
 	var err error
-	if cfg.size, err = parseSize(*sizeS); err != nil {
+	if cfg.size, err = positiveSize(*sizeS); err != nil {
 		return err
 	}
-	if cfg.remoteSize, err = parseSize(*remoteS); err != nil {
+	if cfg.remoteSize, err = positiveSize(*remoteS); err != nil {
 		return err
 	}
 	for _, s := range strings.Split(*metaS, ",") {
@@ -324,7 +324,7 @@ func runSpec(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	size, err := parseSize(*sizeS)
+	size, err := positiveSize(*sizeS)
 	if err != nil {
 		return err
 	}
@@ -353,7 +353,7 @@ func runDCP(args []string) error {
 			return fmt.Errorf("profile dir: %w", err)
 		}
 	}
-	size, err := parseSize(*sizeS)
+	size, err := positiveSize(*sizeS)
 	if err != nil {
 		return err
 	}

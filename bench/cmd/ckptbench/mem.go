@@ -109,7 +109,7 @@ func runMemPhase(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	size, err := parseSize(*sizeS)
+	size, err := positiveSize(*sizeS)
 	if err != nil {
 		return err
 	}

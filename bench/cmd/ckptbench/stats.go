@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 )
 
 // Stat summarises repeated measurements of one quantity.
@@ -115,23 +116,12 @@ func (r *Row) metString() string {
 	}
 }
 
-// parseSize accepts plain bytes or a KiB/MiB/GiB (or KB/MB/GB, taken as
-// binary) suffix.
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	mult := int64(1)
-	for _, suf := range []struct {
-		s string
-		m int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
-		if strings.HasSuffix(t, suf.s) {
-			mult, t = suf.m, strings.TrimSuffix(t, suf.s)
-			break
-		}
+// positiveSize parses a -size flag (bytesize's unit rule) that must be
+// above zero.
+func positiveSize(s string) (int64, error) {
+	n, err := bytesize.Parse(s)
+	if err == nil && n <= 0 {
+		err = fmt.Errorf("size %q: want a positive number of bytes", s)
 	}
-	v, err := strconv.ParseFloat(strings.TrimSpace(t), 64)
-	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive number of bytes, optionally with KiB/MiB/GiB", s)
-	}
-	return int64(v * float64(mult)), nil
+	return n, err
 }

@@ -21,7 +21,10 @@ import (
 // minor is exchanged in Describe and only ever adds fields or RPCs.
 const (
 	ProtocolMajor = 1
-	ProtocolMinor = 1
+	//
+	// Minor 1 added the shared-memory bulk path; minor 2 the delimited
+	// (one-level) List.
+	ProtocolMinor = 2
 )
 
 // FeatureSharedMemory names the shared-memory bulk path (minor 1): the host

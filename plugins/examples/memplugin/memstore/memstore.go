@@ -168,6 +168,11 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(backend.ObjectI
 	}
 	s.mu.RUnlock()
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Key < infos[j].Key })
+	return deliver(ctx, infos, fn)
+}
+
+// deliver calls fn for each of a listing's snapshot entries.
+func deliver(ctx context.Context, infos []backend.ObjectInfo, fn func(backend.ObjectInfo) error) error {
 	for _, info := range infos {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -177,6 +182,30 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(backend.ObjectI
 		}
 	}
 	return nil
+}
+
+// ListDelimited implements backend.Driver: the keys under prefix are
+// grouped at the next "/" into common prefixes, each reported once.
+func (s *Store) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	s.mu.RLock()
+	var infos []backend.ObjectInfo
+	seen := map[string]bool{}
+	for k, o := range s.objects {
+		rest, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		if i := strings.Index(rest, backend.Delimiter); i >= 0 {
+			if p := prefix + rest[:i+1]; !seen[p] {
+				seen[p] = true
+				infos = append(infos, backend.ObjectInfo{Key: p, IsPrefix: true})
+			}
+			continue
+		}
+		infos = append(infos, backend.ObjectInfo{Key: k, Size: int64(len(o.data)), ModTime: o.modTime})
+	}
+	s.mu.RUnlock()
+	return deliver(ctx, infos, fn)
 }
 
 // Delete implements backend.Driver.

@@ -1,38 +1,26 @@
 package memstore_test
 
 import (
-	"context"
-	"strings"
 	"testing"
 
-	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/plugins/examples/memplugin/memstore"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/conformance"
+	"github.com/ckptkit/ckptkit/plugins/examples/memplugin/memstore"
 )
 
-func TestStoreInProcess(t *testing.T) {
-	st, err := backend.NewStore(memstore.New(), "mem://t", "p")
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, st.PutBytes(ctx, "b", []byte("bee"), backend.PutOptions{}))
-	require.NoError(t, st.PutBytes(ctx, "a", []byte("ay"), backend.PutOptions{IfNotExists: true}))
-	assert.ErrorIs(t, st.PutBytes(ctx, "a", []byte("x"), backend.PutOptions{IfNotExists: true}), backend.ErrAlreadyExists)
-	assert.ErrorIs(t, st.Put(ctx, "c", 5, strings.NewReader("abc"), backend.PutOptions{}), backend.ErrSizeMismatch)
-	assert.ErrorIs(t, st.Put(ctx, "c", 2, strings.NewReader("abc"), backend.PutOptions{}), backend.ErrSizeMismatch)
-	_, err = st.Stat(ctx, "c")
-	assert.ErrorIs(t, err, backend.ErrNotFound)
-	var keys []string
-	require.NoError(t, st.List(ctx, "", func(o backend.ObjectInfo) error { keys = append(keys, o.Key); return nil }))
-	assert.Equal(t, []string{"a", "b"}, keys)
-	buf := make([]byte, 2)
-	require.NoError(t, st.ReadRange(ctx, "b", 1, buf))
-	assert.Equal(t, "ee", string(buf))
+// TestMain prints the in-process rows after the tests.
+func TestMain(m *testing.M) { conformance.Main(m) }
 
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	err = st.PutBytes(cctx, "d", []byte("d"), backend.PutOptions{})
-	assert.ErrorIs(t, err, context.Canceled)
-	_, err = st.Stat(ctx, "d")
-	assert.ErrorIs(t, err, backend.ErrNotFound)
+// TestConformance runs the suite on the plugin's driver in process, a
+// fresh store per case; plugins/host runs it again through the plugin
+// process and the wire protocol.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Harness{Name: "memstore (in process)", NewStore: func(t conformance.T) *backend.Store {
+		st, err := backend.NewStore(memstore.New(), "mem://memstore", "p")
+		require.NoError(t, err)
+		t.Cleanup(func() { st.Close() })
+		return st
+	}})
 }

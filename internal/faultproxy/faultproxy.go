@@ -1,0 +1,157 @@
+// Package faultproxy is a test helper: an HTTP reverse proxy in front of a
+// real object-store server (versitygw, fake-gcs-server) that counts the
+// requests it sees and answers chosen ones with an error status itself, so
+// tests can count at the server how often a client retried.
+package faultproxy
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Rule decides whether the proxy fails a request instead of forwarding it.
+// n is the number of earlier requests the same Rule matched.
+type Rule struct {
+	// Match selects the requests the rule counts.
+	Match func(r *http.Request) bool
+	// Fail reports whether the n-th (from 0) matching request is failed.
+	// Nil fails every matching request.
+	Fail func(n int) bool
+	// Status and Body are the failure's response (ContentType, default
+	// application/xml).
+	Status      int
+	Body        string
+	ContentType string
+	// Delay holds back the response to a matching request that is
+	// forwarded (not failed) this long after the server answered it: the
+	// server has acted, the client has not heard yet.
+	Delay time.Duration
+	// Seen, when set, gets a value (without blocking) for every matching
+	// request as it arrives.
+	Seen chan<- struct{}
+}
+
+// Proxy is a running fault-injecting proxy.
+type Proxy struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	rules  []*Rule
+	counts map[*Rule]int
+	failed map[*Rule]int
+}
+
+// New starts a proxy forwarding to target ("http://host:port").
+func New(target string) (*Proxy, error) {
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{counts: map[*Rule]int{}, failed: map[*Rule]int{}}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	// The Host header stays the proxy's: request signatures (S3 SigV4) were
+	// computed for it.
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rule, delay := p.match(r)
+		if rule != nil {
+			ct := rule.ContentType
+			if ct == "" {
+				ct = "application/xml"
+			}
+			w.Header().Set("Content-Type", ct)
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(rule.Status)
+			_, _ = w.Write([]byte(rule.Body))
+			return
+		}
+		if delay > 0 {
+			w = &delayedWriter{ResponseWriter: w, delay: delay}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	return p, nil
+}
+
+// match counts r against the rules and returns the rule that fails it,
+// and the longest Delay of the matching rules that do not.
+func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var fail *Rule
+	var delay time.Duration
+	for _, rule := range p.rules {
+		if !rule.Match(r) {
+			continue
+		}
+		if rule.Seen != nil {
+			select {
+			case rule.Seen <- struct{}{}:
+			default:
+			}
+		}
+		n := p.counts[rule]
+		p.counts[rule]++
+		if fail == nil && (rule.Fail == nil || rule.Fail(n)) {
+			p.failed[rule]++
+			fail = rule
+			continue
+		}
+		delay = max(delay, rule.Delay)
+	}
+	return fail, delay
+}
+
+// delayedWriter holds a forwarded response back before its header.
+type delayedWriter struct {
+	http.ResponseWriter
+	delay time.Duration
+	once  sync.Once
+}
+
+func (d *delayedWriter) WriteHeader(code int) {
+	d.once.Do(func() { time.Sleep(d.delay) })
+	d.ResponseWriter.WriteHeader(code)
+}
+
+func (d *delayedWriter) Write(b []byte) (int, error) {
+	d.once.Do(func() { time.Sleep(d.delay) })
+	return d.ResponseWriter.Write(b)
+}
+
+// Add installs a rule (rules added later are checked after earlier ones).
+func (p *Proxy) Add(r *Rule) *Rule {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rules = append(p.rules, r)
+	return r
+}
+
+// Count returns how many requests r matched (failed or forwarded).
+func (p *Proxy) Count(r *Rule) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.counts[r]
+}
+
+// Failed returns how many requests r failed.
+func (p *Proxy) Failed(r *Rule) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed[r]
+}
+
+// Clear removes every rule, so that clean-up traffic passes.
+func (p *Proxy) Clear() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rules = nil
+}
+
+// Host returns the proxy's host:port.
+func (p *Proxy) Host() string { return p.srv.Listener.Addr().String() }
+
+// Close stops the proxy.
+func (p *Proxy) Close() { p.srv.Close() }
