@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
 	"runtime"
 	"runtime/cgo"
@@ -270,7 +269,7 @@ func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t,
 	if opts.IfNotExists && !sh.st.Capabilities().CreateIfAbsent {
 		return fail(fmt.Errorf("put %s: create-if-absent: %w", sh.st.URL(k), backend.ErrUnsupported), cls, rule, msg)
 	}
-	if err := sh.st.Put(context.Background(), k, size, newVecReader(bufs), opts); err != nil {
+	if err := sh.st.Put(context.Background(), k, size, backend.NewSlicesReader(bufs), opts); err != nil {
 		return fail(err, cls, rule, msg)
 	}
 	return 0
@@ -427,58 +426,3 @@ func ckpt_io_count(op, suffix *C.char) C.int64_t {
 //
 //export ckpt_goroutines
 func ckpt_goroutines() C.int64_t { return C.int64_t(runtime.NumGoroutine()) }
-
-// vecReader reads a list of buffers as one body; it seeks, so the Store
-// can retry a transient failure by rewinding.
-type vecReader struct {
-	bufs [][]byte
-	size int64
-	pos  int64
-}
-
-func newVecReader(bufs [][]byte) *vecReader {
-	r := &vecReader{bufs: bufs}
-	for _, b := range bufs {
-		r.size += int64(len(b))
-	}
-	return r
-}
-
-func (r *vecReader) Read(p []byte) (int, error) {
-	if r.pos >= r.size {
-		return 0, io.EOF
-	}
-	n := 0
-	off := r.pos
-	for _, b := range r.bufs {
-		if off >= int64(len(b)) {
-			off -= int64(len(b))
-			continue
-		}
-		c := copy(p[n:], b[off:])
-		n += c
-		off = 0
-		if n == len(p) {
-			break
-		}
-	}
-	r.pos += int64(n)
-	return n, nil
-}
-
-func (r *vecReader) Seek(offset int64, whence int) (int64, error) {
-	switch whence {
-	case io.SeekStart:
-	case io.SeekCurrent:
-		offset += r.pos
-	case io.SeekEnd:
-		offset += r.size
-	default:
-		return 0, fmt.Errorf("%w: whence %d", errUsage, whence)
-	}
-	if offset < 0 {
-		return 0, fmt.Errorf("%w: negative position %d", errUsage, offset)
-	}
-	r.pos = offset
-	return offset, nil
-}

@@ -445,7 +445,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			if objectCRC {
 				po.CRC32C = &obj
 			}
-			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(parts), po); err != nil {
+			if err := st.Put(gctx, w.Object, w.Size, backend.NewSlicesReader(parts), po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			written.Add(w.Size)

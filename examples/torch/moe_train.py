@@ -18,16 +18,14 @@ import hashlib
 import os
 import signal
 import sys
-import traceback
 import warnings
 
-os.environ.setdefault("USE_LIBUV", "0")  # Debian's torch 2.6 gloo build
-os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 warnings.simplefilter("ignore")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from launch import launch  # noqa: E402 (sets USE_LIBUV=0 for Debian's torch 2.6)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
 SHARDS = 2  # the global batch is always split into 2 shards
@@ -143,22 +141,6 @@ def run(rank, world, args):
         print(f"final step {args.steps} lr {opt.param_groups[0]['lr']:.6f} weights sha256 {weights_digest(model)}", flush=True)
 
 
-def worker(rank, world, args, rdzv):
-    signal.alarm(DEADLINE_S)
-    try:
-        if world > 1:
-            dist.init_process_group("gloo", init_method="file://" + rdzv, rank=rank, world_size=world)
-        run(rank, world, args)
-        if world > 1:
-            dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)  # 2-rank gloo teardown can hang: leave after the last barrier
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True, help="run URL (file://, s3://, gs://, mem:// within one process, plugins)")
@@ -170,16 +152,7 @@ def main():
     ap.add_argument("--no-save-optim", action="store_true", help="save iteration and scheduler, not the optimizer")
     ap.add_argument("--no-load-optim", action="store_true", help="resume iteration and scheduler, start the optimizer fresh")
     args = ap.parse_args()
-    import tempfile
-
-    rdzv = os.path.join(tempfile.mkdtemp(prefix="moe-rdzv-"), "store")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, args.world, args, rdzv)) for r in range(args.world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(DEADLINE_S + 10)
-    codes = [p.exitcode for p in procs]
+    codes = launch(args.world, run, (args,), deadline_s=DEADLINE_S)
     if any(c == -signal.SIGKILL for c in codes):
         print(f"ranks killed (exit codes {codes})", flush=True)
         sys.exit(137)

@@ -105,7 +105,7 @@ class ObjectInfo:
         return f"ObjectInfo({self.key!r}, size={self.size})"
 
 
-class Store:
+class Store(_lib.Closing):
     """A storage prefix opened by URL (file://, mem://, s3://, gs://, plugin
     schemes from $CKPTKIT_PLUGIN_DIR). Safe to use from several threads;
     every call releases the GIL while the Go core works."""
@@ -135,18 +135,6 @@ class Store:
             h, self._h = self._h, ctypes.c_size_t(0)
             if not self._borrowed:
                 _lib.call("ckpt_close", h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def object_url(self, key=""):
         """The redacted URL of key below the store."""

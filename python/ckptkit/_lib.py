@@ -129,3 +129,23 @@ def _take(p):
     s = p.value.decode("utf-8", "replace")
     lib().ckpt_free(ctypes.cast(p, ctypes.c_void_p))
     return s
+
+
+class Closing:
+    """Context-manager and finaliser plumbing for objects holding a library
+    handle: subclasses define close() (idempotent)."""
+
+    def close(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

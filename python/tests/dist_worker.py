@@ -1,22 +1,21 @@
 """Multi-rank scenarios for test_dist.py, run as
 ``python dist_worker.py SCENARIO WORLD RUN_URL OUT_DIR``: WORLD gloo ranks on
-CPU (USE_LIBUV=0, FileStore rendezvous), each with a deadline, ending with
-os._exit after the last barrier (2-rank gloo teardown can hang in Debian's
-torch 2.6). Rank 0 writes its results to OUT_DIR/result.pt."""
+CPU started by examples/torch/launch.py. Rank 0 writes its results to
+OUT_DIR/result.pt."""
 
 import os
 import sys
-import traceback
 import warnings
 
-os.environ.setdefault("USE_LIBUV", "0")
 warnings.simplefilter("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "torch"))
 
+from launch import launch  # noqa: E402 (sets USE_LIBUV=0)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import TinyMoE, make, train  # noqa: E402
 
 DEADLINE_S = 240
@@ -110,23 +109,6 @@ def run(rank, world, scenario, url, out):
         torch.save(result, os.path.join(out, "result.pt"))
 
 
-def worker(rank, world, scenario, url, out):
-    import signal
-
-    signal.alarm(DEADLINE_S)
-    try:
-        dist.init_process_group("gloo", init_method="file://" + os.path.join(out, "rdzv"), rank=rank, world_size=world)
-        run(rank, world, scenario, url, out)
-        dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def main():
     scenario, world, url, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     os.makedirs(out, exist_ok=True)
@@ -139,16 +121,7 @@ def main():
         res.update(step=rep.step, lazy=sorted(rep.lazy_params), lr=opt.param_groups[0]["lr"])
         torch.save(res, os.path.join(out, "result.pt"))
         return
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, world, scenario, url, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(DEADLINE_S + 10)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    codes = launch(world, run, (scenario, url, out), deadline_s=DEADLINE_S)
     if any(c != 0 for c in codes):
         raise SystemExit(f"ranks exited with {codes}")
 

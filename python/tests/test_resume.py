@@ -29,6 +29,16 @@ def _trained(steps=3, route=0):
     return m, opt, sched
 
 
+def _train_on_identically(m, opt, sched, m2, opt2, sched2):
+    """The weights agree now, and after training on from both ends."""
+    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+    train(m, opt, sched, 2, seed=5)
+    train(m2, opt2, sched2, 2, seed=5)
+    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+
+
 def test_save_and_resume_on_every_backend(base_url):
     m, opt, sched = _trained()
     url = save(base_url, m, opt, step=3, scheduler=sched)
@@ -44,11 +54,7 @@ def test_save_and_resume_on_every_backend(base_url):
             assert torch.equal(opt.state[p][k], opt2.state[q][k]), k
     assert sched2.last_epoch == sched.last_epoch
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
-    # Training on from both ends identically.
-    train(m, opt, sched, 2, seed=5)
-    train(m2, opt2, sched2, 2, seed=5)
-    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
-        assert torch.equal(a, b)
+    _train_on_identically(m, opt, sched, m2, opt2, sched2)
 
 
 def test_fresh_run_resumes_to_none(base_url):
@@ -242,12 +248,7 @@ def test_torch_written_checkpoint_resumes(file_url):
     m2, opt2, sched2 = make(seed=8)
     rep = resume(file_url, m2, opt2, scheduler=sched2)
     assert rep.step == 3 and sorted(rep.lazy_params) == sorted(EXPERT1)
-    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
-        assert torch.equal(a, b)
-    train(m, opt, sched, 2, seed=5)
-    train(m2, opt2, sched2, 2, seed=5)
-    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
-        assert torch.equal(a, b)
+    _train_on_identically(m, opt, sched, m2, opt2, sched2)
 
 
 def test_flipped_byte_is_refused_by_resume_before_anything_changes(file_url):

@@ -445,7 +445,7 @@ def _narrow(t, offsets, lengths):
     return t
 
 
-class Checkpoint:
+class Checkpoint(_lib.Closing):
     """An open checkpoint (through the Go core): the checkpoint at url, or the
     newest committed valid checkpoint of the run at url. Its metadata is read
     once, at open; ``info`` says which checkpoint it is (``none`` True when a
@@ -523,15 +523,3 @@ class Checkpoint:
             h, self._h = self._h, ctypes.c_size_t(0)
             self._store._h = ctypes.c_size_t(0)
             _lib.call("ckpt_checkpoint_close", h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
