@@ -220,15 +220,17 @@ func ckpt_capabilities(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.ch
 }
 
 // ckpt_put writes the concatenation of n C buffers (ptrs[i], lens[i]) as
-// object key of exactly their total size. crcs (n entries, may be NULL)
-// receives the CRC32C of each buffer, *total_crc the CRC32C of the whole
-// body, which is also sent for server-side verification where the backend
-// supports it. flags bit 0: create-if-absent (the write fails with class
-// Conflict when key exists; on backends without atomic create-if-absent
-// the call fails with class Unsupported).
+// object key of exactly their total size. groups (n non-decreasing entries
+// from 0, may be NULL for one group per buffer) gathers consecutive buffers
+// into items; crcs (one entry per group, may be NULL) receives the CRC32C
+// of each item, *total_crc the CRC32C of the whole body, which is also sent
+// for server-side verification where the backend supports it. flags bit 0:
+// create-if-absent (the write fails with class Conflict when key exists; on
+// backends without atomic create-if-absent the call fails with class
+// Unsupported).
 //
 //export ckpt_put
-func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t, n C.int, flags C.int,
+func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t, groups *C.int32_t, n C.int, flags C.int,
 	crcs *C.uint32_t, totalCRC *C.uint32_t, cls *C.int, rule, msg **C.char) C.int {
 	sh, err := storeOf(h)
 	if err != nil {
@@ -236,35 +238,45 @@ func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t,
 	}
 	bufs := make([][]byte, int(n))
 	var size int64
+	var total uint32
 	if n > 0 {
 		ps := unsafe.Slice(ptrs, int(n))
 		ls := unsafe.Slice(lens, int(n))
-		var cs []C.uint32_t
-		if crcs != nil {
-			cs = unsafe.Slice(crcs, int(n))
+		var gs []C.int32_t
+		if groups != nil {
+			gs = unsafe.Slice(groups, int(n))
 		}
-		var total uint32
+		group, crc := 0, uint32(0)
 		for i := range bufs {
 			if ls[i] < 0 {
 				return fail(fmt.Errorf("%w: buffer %d has length %d", errUsage, i, ls[i]), cls, rule, msg)
 			}
+			g := i
+			if gs != nil {
+				g = int(gs[i])
+			}
+			if g != group && g != group+1 || (i == 0 && g != 0) {
+				return fail(fmt.Errorf("%w: buffer %d is in group %d after group %d", errUsage, i, g, group), cls, rule, msg)
+			}
+			if g != group {
+				if crcs != nil {
+					*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
+				}
+				group, crc = g, 0
+			}
 			bufs[i] = cbytes(ps[i], ls[i])
 			size += int64(ls[i])
-			c := crc32.Checksum(bufs[i], castagnoli)
-			if cs != nil {
-				cs[i] = C.uint32_t(c)
-			}
+			crc = crc32.Update(crc, castagnoli, bufs[i])
 			total = crc32.Update(total, castagnoli, bufs[i])
 		}
-		if totalCRC != nil {
-			*totalCRC = C.uint32_t(total)
+		if crcs != nil {
+			*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
 		}
 	}
-	opts := backend.PutOptions{IfNotExists: flags&1 != 0}
 	if totalCRC != nil {
-		c := uint32(*totalCRC)
-		opts.CRC32C = &c
+		*totalCRC = C.uint32_t(total)
 	}
+	opts := backend.PutOptions{IfNotExists: flags&1 != 0, CRC32C: &total}
 	k := C.GoString(key)
 	if opts.IfNotExists && !sh.st.Capabilities().CreateIfAbsent {
 		return fail(fmt.Errorf("put %s: create-if-absent: %w", sh.st.URL(k), backend.ErrUnsupported), cls, rule, msg)

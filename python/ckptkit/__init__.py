@@ -36,6 +36,7 @@ from .errors import (  # noqa: F401 (re-exported)
 __all__ = [
     "Store",
     "ObjectInfo",
+    "RawBuffer",
     "abi_version",
     "crc32c",
     "io_count",
@@ -52,10 +53,23 @@ def abi_version():
     return _lib.lib().ckpt_abi_version()
 
 
+class RawBuffer:
+    """A buffer given by address and length, for memory ctypes cannot take
+    the address of (read-only views torch hands out): the caller keeps the
+    memory alive and unchanged for the duration of the call."""
+
+    __slots__ = ("addr", "nbytes")
+
+    def __init__(self, addr, nbytes):
+        self.addr, self.nbytes = addr, nbytes
+
+
 def _address(buf):
     """(address, length, keep-alive) of a buffer without copying: bytes,
     or any writable contiguous buffer (bytearray, memoryview, numpy array,
     BytesIO.getbuffer()). Other read-only buffers are copied once."""
+    if isinstance(buf, RawBuffer):
+        return (buf.addr if buf.nbytes else None), buf.nbytes, buf
     if isinstance(buf, bytes):
         if not buf:
             return None, 0, buf
@@ -146,17 +160,21 @@ class Store(_lib.Closing):
         _lib.call("ckpt_capabilities", self._handle(), ctypes.byref(out))
         return json.loads(_lib.take_string(out))
 
-    def put(self, key, data, *, if_absent=False):
+    def put(self, key, data, *, if_absent=False, groups=None):
         """Write data (one buffer or a list of buffers, concatenated) as key,
         of exactly their total size, with its CRC32C (checked by the server
         where the backend supports it). With if_absent the write fails with
         ConflictError when key exists (UnsupportedError where the backend
-        has no atomic create-if-absent). Returns (total_crc, [crc per buffer])."""
+        has no atomic create-if-absent). groups, one non-decreasing number
+        per buffer from 0, gathers consecutive buffers into items (default:
+        one item per buffer). Returns (total_crc, [crc per item])."""
         bufs = data if isinstance(data, (list, tuple)) else [data]
         n = len(bufs)
         ptrs = (ctypes.c_void_p * max(n, 1))()
         lens = (ctypes.c_int64 * max(n, 1))()
-        crcs = (ctypes.c_uint32 * max(n, 1))()
+        ngroups = (groups[-1] + 1) if groups else n
+        crcs = (ctypes.c_uint32 * max(ngroups, 1))()
+        garr = (ctypes.c_int32 * max(n, 1))(*groups) if groups else None
         keep = []
         for i, b in enumerate(bufs):
             addr, ln, k = _address(b)
@@ -170,13 +188,14 @@ class Store(_lib.Closing):
             key.encode(),
             ptrs,
             lens,
+            garr,
             n,
             1 if if_absent else 0,
             crcs,
             ctypes.byref(total),
         )
         del keep
-        return total.value, list(crcs[:n])
+        return total.value, list(crcs[:ngroups])
 
     def read_into(self, key, offset, buf):
         """Read exactly len(buf) bytes of key at offset into the writable

@@ -33,7 +33,8 @@ _SIGNATURES = {
     "ckpt_url": ([ctypes.c_size_t, ctypes.c_char_p], ctypes.c_void_p),
     "ckpt_capabilities": ([ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_put": (
-        [ctypes.c_size_t, ctypes.c_char_p, _void_pp, _i64_p, ctypes.c_int, ctypes.c_int, _u32_p, _u32_p] + _ERR,
+        [ctypes.c_size_t, ctypes.c_char_p, _void_pp, _i64_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int, ctypes.c_int,
+         _u32_p, _u32_p] + _ERR,
         ctypes.c_int,
     ),
     "ckpt_read": (

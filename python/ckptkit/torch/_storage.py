@@ -26,6 +26,7 @@ import pickle
 import queue
 import threading
 import uuid
+import warnings
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -96,14 +97,17 @@ class StorageWriter(_TorchStorageWriter):
 
     ``dcp.save(sd, storage_writer=StorageWriter("s3://b/run/step-00000100"))``
 
-    Options: ``part_size`` (bytes of serialized items per data object, default
-    64 MiB; an item larger than that gets an object of its own),
-    ``concurrency`` (uploads in flight per rank, default 4), ``overwrite``
-    (replace a committed checkpoint; default False fails with ConflictError),
+    Options: ``part_size`` (bytes of items per data object, default 64 MiB;
+    an item larger than that gets an object of its own), ``concurrency``
+    (uploads in flight per rank, default 4), ``overwrite`` (replace a
+    committed checkpoint; default False fails with ConflictError),
     ``optimizer`` (the training-state record's optimizer part written to the
     integrity object: "saved", "omitted" or None). Memory beyond torch's own
-    tensors: at most ``concurrency`` parts of serialized bytes in flight, plus
-    the part being filled: (concurrency + 1) x part_size bytes, reused.
+    tensors: tensor bytes are uploaded straight from the tensors (a view of a
+    larger storage is cloned first, as FileSystemWriter does); only the
+    torch.save headers and bytes items are copied, into (concurrency + 1)
+    reusable buffers. A tensor stays referenced until its part is uploaded,
+    and write_data returns only when every part is.
     """
 
     def __init__(self, url, *, part_size=DEFAULT_PART_SIZE, concurrency=DEFAULT_CONCURRENCY, overwrite=False,
@@ -150,24 +154,22 @@ class StorageWriter(_TorchStorageWriter):
         items += [wi for wi in plan.items if wi.type != WriteItemType.BYTE_IO]
         results = []
         lock = threading.Lock()
-        # concurrency parts uploading plus one being filled; reused, so a
-        # save touches (concurrency + 1) x part_size bytes of memory.
+        # concurrency parts uploading plus one being filled, reused. A part
+        # copies only the small writes (headers, bytes items); tensor bytes
+        # are uploaded from the tensors themselves.
         free = queue.Queue()
         for _ in range(self.concurrency + 1):
-            free.put(_Part(self.part_size))
+            free.put(_Part(1 << 20))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
         futures = []
 
         def upload(name, part):
             try:
-                whole = memoryview(part.buf)
-                views = [whole[off : off + n] for _, off, n in part.items]
-                _, crcs = st.put(name, views)
+                bufs, groups = part.body()
+                _, crcs = st.put(name, bufs, groups=groups)
                 out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc))
                        for (wi, off, n), crc in zip(part.items, crcs)]
-                for v in views:
-                    v.release()
-                whole.release()
+                del bufs
                 with lock:
                     results.extend(out)
             finally:
@@ -180,13 +182,11 @@ class StorageWriter(_TorchStorageWriter):
             for wi in items:
                 if part is None:
                     part = free.get()
-                if part.pos and part.pos + _estimate(wi) > self.part_size:
+                if part.size and part.size + _estimate(wi) > self.part_size:
                     futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
                     count += 1
                     part = free.get()
-                start = part.pos
                 _serialize_into(planner, wi, part)
-                part.items.append((wi, start, part.pos - start))
             if part is not None and part.items:
                 futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
             for f in futures:
@@ -242,35 +242,82 @@ class StorageWriter(_TorchStorageWriter):
 
 
 class _Part:
-    """One data object being filled: a reusable buffer, its fill position and
-    the items in it (write item, offset, length). torch.save writes into it
-    like a file."""
+    """One data object being filled, written into by torch.save like a file.
+    Small writes (zip headers, data.pkl, bytes items) are copied into a
+    reusable buffer; the write of a tensor's storage, which torch hands out
+    as a view of the storage itself, is kept by address (the tensor is
+    kept alive until the upload is done), so the bytes are not copied in
+    Python at all. Each item's segments form one CRC group."""
+
+    _ZERO_COPY_MIN = 64 << 10
 
     def __init__(self, cap):
         self.buf = bytearray(cap)
         self.reset()
 
     def reset(self):
-        self.pos = 0
-        self.items = []
+        self.pos = 0  # fill of buf
+        self.size = 0  # bytes of the object so far
+        self.items = []  # (write item, offset, length)
+        self.segments = []  # [item index, "buf", start, end] or [item index, "raw", addr, n]
+        self.keep = []
+        self.lo = self.hi = 0
+
+    def begin(self, tensor=None):
+        """Start the next item; tensor is the one torch.save is about to write."""
+        self.item_start = self.size
+        if tensor is not None:
+            st = tensor.untyped_storage()
+            self.lo, self.hi = st.data_ptr(), st.data_ptr() + st.nbytes()
+            self.keep.append(tensor)
+        else:
+            self.lo = self.hi = 0
+
+    def end(self, wi):
+        self.items.append((wi, self.item_start, self.size - self.item_start))
 
     def write(self, b):
         mv = memoryview(b).cast("B")
-        end = self.pos + mv.nbytes
+        n = mv.nbytes
+        item = len(self.items)
+        if n >= self._ZERO_COPY_MIN and self.hi:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # frombuffer warns about read-only views
+                addr = torch.frombuffer(mv, dtype=torch.uint8).data_ptr()
+            if self.lo <= addr and addr + n <= self.hi:
+                self.segments.append([item, "raw", addr, n])
+                self.size += n
+                return n
+        end = self.pos + n
         if end > len(self.buf):
             self.buf.extend(bytes(end - len(self.buf)))
         self.buf[self.pos : end] = mv
+        last = self.segments[-1] if self.segments else None
+        if last and last[0] == item and last[1] == "buf" and last[3] == self.pos:
+            last[3] = end
+        else:
+            self.segments.append([item, "buf", self.pos, end])
         self.pos = end
-        return mv.nbytes
+        self.size += n
+        return n
 
     def flush(self):
         pass
 
     def tell(self):
-        return self.pos
+        return self.size
 
     def writable(self):
         return True
+
+    def body(self):
+        """(buffers, groups) for Store.put: each item one group."""
+        whole = memoryview(self.buf)
+        bufs, groups = [], []
+        for item, kind, a, b in self.segments:
+            bufs.append(whole[a:b] if kind == "buf" else ckptkit.RawBuffer(a, b))
+            groups.append(item)
+        return bufs, groups
 
 
 def _estimate(wi):
@@ -288,14 +335,18 @@ def _serialize_into(planner, wi, part):
     or torch.save of a tensor (its own storage only, like FileSystemWriter)."""
     data = planner.resolve_data(wi)
     if wi.type == WriteItemType.BYTE_IO:
+        part.begin()
         part.write(data.getbuffer())
+        part.end(wi)
         return
     t = data.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     if t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone()
+    part.begin(t)
     torch.save(t, part)
+    part.end(wi)
 
 
 class StorageReader(_TorchStorageReader):
