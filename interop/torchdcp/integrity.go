@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -99,7 +100,8 @@ func integritySize(data []byte) (int64, error) {
 // ApplyIntegrity reads the integrity object through read, when the
 // checkpoint has one, and sets the CRC32C of every chunk and bytes entry
 // from it (loaders then check every item's stored bytes against it) and
-// the optimizer part of the training-state record. A checkpoint without
+// the optimizer part of the training-state record, and lists the object in
+// c.Objects (so copies carry it). A checkpoint without
 // the object (written by torch itself) is left as is and reported false.
 // An object that does not cover every item is malformed.
 func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
@@ -152,6 +154,10 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 			return false, err
 		}
 	}
+	// The integrity object is part of the checkpoint: copies carry it and
+	// verify checks that it is there, whole.
+	c.Objects = append(c.Objects, metadata.ObjectEntry{Key: IntegrityKey, Size: size})
+	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
 	if in.Optimizer == metadata.OptimizerOmitted && c.Training.Optimizer == metadata.OptimizerNone {
 		c.Training.Optimizer = metadata.OptimizerOmitted
 	}

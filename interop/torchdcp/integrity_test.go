@@ -80,9 +80,10 @@ func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Resumable, "%+v", rep.Problems)
 
-	// The opened checkpoint carries the recorded CRCs.
+	// The opened checkpoint carries the recorded CRCs and lists the object.
 	c, err := loader.Open(ctx, st)
 	require.NoError(t, err)
+	require.Contains(t, c.Metadata().Objects, metadata.ObjectEntry{Key: torchdcp.IntegrityKey, Size: int64(len(mustRead(t, filepath.Join(dir, torchdcp.IntegrityKey))))})
 	for _, te := range c.Metadata().Tensors {
 		for _, ch := range te.Chunks {
 			require.NotZero(t, ch.CRC32C, te.Key)
@@ -139,4 +140,11 @@ func TestIntegrityHeaderIsChecked(t *testing.T) {
 	bad := append([]byte("ckptkit-dcp-integrity/2"), b[23:]...)
 	_, err = torchdcp.DecodeIntegrity(bad)
 	require.ErrorIs(t, err, torchdcp.ErrMalformed)
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
 }

@@ -194,3 +194,22 @@ def test_metadata_read_once_per_load(file_url, tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["md"] == 1, got
+
+
+def test_ckpt_copy_and_diff_carry_the_integrity_object(base_url, file_url):
+    if base_url.startswith("mem:"):
+        pytest.skip("mem:// lives in this process only")
+    src = file_url + "/src"
+    sd = _state(6)
+    dcp.save(sd, storage_writer=StorageWriter(src))
+    dst = sub_url(base_url, "copy")
+    r = ckpt_cli("copy", src, dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ckptkit.Store(dst).exists(".ckptkit-integrity")
+    out = _zeros_like(sd)
+    dcp.load(out, storage_reader=StorageReader(dst))
+    _assert_equal(out, sd)
+    r = ckpt_cli("diff", src, dst)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = ckpt_cli("verify", "--deep", dst)
+    assert r.returncode == 0, r.stdout + r.stderr
