@@ -136,3 +136,27 @@ def test_no_leaks_over_thousands_of_calls(base_url):
     assert _fds() <= fds + slack, (fds, _fds())
     assert ckptkit.goroutines() <= gor + slack, (gor, ckptkit.goroutines())
     assert _rss_kib() - rss < 32 * 1024, (rss, _rss_kib())
+
+
+def test_calls_from_many_threads_at_once(base_url):
+    st = ckptkit.Store(base_url)
+    errors_seen = []
+
+    def work(t):
+        try:
+            for i in range(40):
+                data = os.urandom(1000 + t * 10 + i)
+                total, _ = st.put(f"t{t}/{i}", data)
+                buf = bytearray(len(data))
+                assert st.read_into(f"t{t}/{i}", 0, buf) == total
+                assert bytes(buf) == data
+        except Exception as e:  # reported below, with the thread
+            errors_seen.append((t, e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors_seen
+    assert len(st.list("t")) == 8 * 40
