@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -151,6 +152,17 @@ func TestVersion(t *testing.T) {
 	code, out, errs := ckpt(t, "--version")
 	require.Equal(t, 0, code, errs)
 	require.Regexp(t, `^ckpt \S+ \(module github\.com/ckptkit/ckptkit, commit \S+\)\n$`, out)
+
+	// The binary as make build links it: the commit it is given.
+	if testing.Short() {
+		return
+	}
+	bin := filepath.Join(t.TempDir(), "ckpt")
+	build, err := exec.Command("go", "build", "-ldflags", "-X main.commit=0123456789abcdef", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", build)
+	v, err := exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(v), "commit 0123456789ab)")
 }
 
 func TestEveryCommandHasExamplesAndTheHelpTopicsExist(t *testing.T) {
