@@ -18,6 +18,7 @@ import (
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
 )
 
 // StepPrefix is the prefix of a checkpoint directory under a run.
@@ -67,33 +68,14 @@ func (e Entry) Age(now time.Time) time.Duration {
 
 // OwnedObject reports whether rel, a key relative to a checkpoint prefix,
 // is a name ckptkit's saver writes: the native metadata object or a data
-// object "rank-NNNNN-NNN.data" (digits of any width).
+// object "rank-NNNNN-NNN.data" or "rank-NNNNN-NNN.<attempt>.data"
+// (planner.ParseObjectName).
 func OwnedObject(rel string) bool {
 	if rel == metadata.ObjectKey {
 		return true
 	}
-	rest, ok := strings.CutPrefix(rel, "rank-")
-	if !ok {
-		return false
-	}
-	rest, ok = strings.CutSuffix(rest, ".data")
-	if !ok {
-		return false
-	}
-	a, b, ok := strings.Cut(rest, "-")
-	return ok && allDigits(a) && allDigits(b)
-}
-
-func allDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return true
+	_, ok := planner.ParseObjectName(rel)
+	return ok
 }
 
 // List lists the checkpoints under run, oldest step first, without

@@ -73,7 +73,7 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 	// gone is a bad checkpoint, not a "not found".
 	holed := filepath.Join(dir, "holed")
 	copyDir(t, good, holed)
-	require.NoError(t, os.Remove(filepath.Join(holed, "rank-00000-000.data")))
+	require.NoError(t, os.Remove(dataObject(t, holed, 0)))
 
 	// unsupported: a native checkpoint from a future major format version.
 	future := filepath.Join(dir, "future")

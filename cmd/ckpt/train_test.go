@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,12 +139,23 @@ func TestCopyOfABadCheckpointExitsOne(t *testing.T) {
 	require.Equal(t, 3, code, "a missing source is not found: %s", errs)
 	trainJSON(t, "--url", filepath.Join(dir, "run"), "--steps", "3", "--save-every", "3")
 	src := filepath.Join(dir, "run", "step-00000003")
-	data, err := os.ReadFile(filepath.Join(src, "rank-00000-000.data"))
+	obj := dataObject(t, src, 0)
+	data, err := os.ReadFile(obj)
 	require.NoError(t, err)
 	data[100] ^= 0xff
-	require.NoError(t, os.WriteFile(filepath.Join(src, "rank-00000-000.data"), data, 0o644))
+	require.NoError(t, os.WriteFile(obj, data, 0o644))
 	code, _, errs = ckpt(t, "copy", src, "mem://copy-dst/y")
 	require.Equal(t, 1, code, errs)
 	require.Contains(t, errs, "checksum mismatch")
 	require.Equal(t, 1, strings.Count(errs, "checksum mismatch"), "the cause is said once: %s", errs)
+}
+
+// dataObject returns the path of rank's first data object in the fs
+// checkpoint dir (its name carries the save attempt's id).
+func dataObject(t *testing.T, dir string, rank int) string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, fmt.Sprintf("rank-%05d-000.*.data", rank)))
+	require.NoError(t, err)
+	require.Len(t, m, 1, "one data object of rank %d in %s", rank, dir)
+	return m[0]
 }
