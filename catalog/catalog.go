@@ -55,6 +55,10 @@ type Entry struct {
 	// does not write (see OwnedObject). Operations that delete refuse
 	// prefixes holding any.
 	ForeignObjects int `json:"foreign_objects"`
+	// Attempts counts the distinct save attempts whose data objects are
+	// under the prefix (ListDetailed only): more than one means a retried
+	// or concurrent save left objects the metadata may not name.
+	Attempts int `json:"-"`
 }
 
 // Age is how long ago the newest object of the checkpoint was written, or
@@ -130,11 +134,14 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 	formats := metadata.Formats()
 	for i := range out {
 		e := &out[i]
+		attempts := map[string]bool{}
 		err := run.List(ctx, e.Name+"/", func(o backend.ObjectInfo) error {
 			rest := strings.TrimPrefix(o.Key, e.Name+"/")
 			e.Objects++
 			e.Bytes += o.Size
-			if !OwnedObject(rest) {
+			if a, ok := planner.ParseObjectName(rest); ok {
+				attempts[a] = true
+			} else if rest != metadata.ObjectKey {
 				e.ForeignObjects++
 			}
 			if o.ModTime.After(e.ModTime) {
@@ -150,6 +157,7 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list run %s: %w", run, err)
 		}
+		e.Attempts = len(attempts)
 	}
 	return out, nil
 }
