@@ -75,7 +75,6 @@ func TestConcurrentWritersNeverCorruptACommit(t *testing.T) {
 	}
 }
 
-
 func firstProblem(rep *loader.VerifyReport) string {
 	if len(rep.Problems) == 0 {
 		return ""
