@@ -41,6 +41,10 @@ var (
 	// storage (deleted, or never copied): the checkpoint is bad, whatever
 	// the storage's own "not found" said.
 	ErrMissingObject = ckpterr.New(ckpterr.BadCheckpoint, "data object named by the metadata is missing")
+	// ErrNotAnObject: something other than an object (a directory holding
+	// objects) stands where the metadata object belongs: the checkpoint is
+	// unreadable, never "uncommitted".
+	ErrNotAnObject = ckpterr.New(ckpterr.BadCheckpoint, "not an object at the metadata key")
 	// ErrChecksum: stored bytes do not match their CRC32C.
 	ErrChecksum = ckpterr.New(ckpterr.BadCheckpoint, "checksum mismatch")
 	// ErrTargetsPartlyFilled: a load failed after it had started writing
@@ -89,7 +93,7 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 	// No metadata here. Tell an incomplete checkpoint (data objects) from a
 	// run prefix (checkpoints below it) by looking at a bounded number of
 	// keys for a nested metadata object.
-	var sample, nested string
+	var sample, nested, shadow string
 	seen := 0
 	errStop := errors.New("stop")
 	formats := metadata.Formats()
@@ -98,6 +102,10 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 			sample = o.Key
 		}
 		for _, f := range formats {
+			if strings.HasPrefix(o.Key, f.ObjectKey+"/") {
+				shadow = f.ObjectKey // a prefix (directory) where the metadata object belongs
+				return errStop
+			}
 			if strings.HasSuffix(o.Key, "/"+f.ObjectKey) {
 				nested = o.Key
 				return errStop
@@ -112,6 +120,8 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
 	}
 	switch {
+	case shadow != "":
+		return nil, fmt.Errorf("open checkpoint %s: %w: %s is a prefix (directory) holding objects, not the metadata object", st, ErrNotAnObject, st.URL(shadow))
 	case nested != "":
 		return nil, fmt.Errorf("open checkpoint %s: %w: this is a prefix holding checkpoints (e.g. %s); name one of them, or use the run's newest (ckpt latest)",
 			st, ErrNoCheckpoint, st.URL(path.Dir(nested)))
