@@ -206,6 +206,14 @@ func (w *wrappedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Remain implements Remainer when the driver's reader does (-1 otherwise).
+func (w *wrappedReader) Remain() int64 {
+	if r, ok := w.rc.(Remainer); ok {
+		return r.Remain()
+	}
+	return -1
+}
+
 func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Close()) }
 
 // ReadRange reads exactly len(dst) bytes of key at offset into dst. A short
@@ -240,6 +248,10 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 		defer rc.Close()
 		r := io.Reader(rc)
 		if limit > 0 {
+			// An object known to be over the limit is refused unread.
+			if n := rc.(Remainer).Remain(); n > limit {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("%w: %d bytes, over %d", ErrObjectTooLarge, n, limit)}
+			}
 			r = io.LimitReader(rc, limit+1)
 		}
 		out, err = io.ReadAll(r)
@@ -247,7 +259,7 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 			return err
 		}
 		if limit > 0 && int64(len(out)) > limit {
-			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("object larger than the %d-byte limit", limit)}
+			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("%w: over %d bytes", ErrObjectTooLarge, limit)}
 		}
 		return nil
 	})

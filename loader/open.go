@@ -12,6 +12,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"sync"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -60,6 +61,31 @@ type Checkpoint struct {
 	format metadata.Format
 	md     *metadata.Checkpoint
 	raw    []byte
+
+	sizesMu sync.Mutex
+	sizes   map[string]int64 // data object sizes as stored (objectSize)
+}
+
+// objectSize returns the stored size of a data object, from one Stat per
+// object per open checkpoint. A missing object is ErrMissingObject.
+func (c *Checkpoint) objectSize(ctx context.Context, object string) (int64, error) {
+	c.sizesMu.Lock()
+	n, ok := c.sizes[object]
+	c.sizesMu.Unlock()
+	if ok {
+		return n, nil
+	}
+	a, err := c.store.Stat(ctx, object)
+	if err != nil {
+		return 0, MissingObject(err)
+	}
+	c.sizesMu.Lock()
+	if c.sizes == nil {
+		c.sizes = map[string]int64{}
+	}
+	c.sizes[object] = a.Size
+	c.sizesMu.Unlock()
+	return a.Size, nil
 }
 
 // Open reads the metadata of the checkpoint at st, probing the registered
@@ -71,6 +97,9 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		data, err := st.ReadAll(ctx, f.ObjectKey, metadata.MaxSize)
 		if errors.Is(err, backend.ErrNotFound) {
 			continue
+		}
+		if errors.Is(err, backend.ErrObjectTooLarge) {
+			return nil, fmt.Errorf("open checkpoint %s: %w: the metadata object is over the %d-byte limit of docs/FORMAT.md: %w", st, metadata.ErrInvalid, metadata.MaxSize, err)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("open checkpoint %s: %w", st, err)

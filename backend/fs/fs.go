@@ -172,6 +172,17 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 	return &fileReader{ctx: ctx, r: io.NewSectionReader(f, offset, n), f: f}, nil
 }
 
+// Remain implements backend.Remainer.
+func (r *fileReader) Remain() int64 {
+	if sr, ok := r.r.(*io.SectionReader); ok {
+		pos, err := sr.Seek(0, io.SeekCurrent)
+		if err == nil {
+			return sr.Size() - pos
+		}
+	}
+	return -1
+}
+
 // ErrNotRegular is the error for a key that names something other than a
 // regular file (a FIFO, a socket, a device): storage holds a thing that is
 // not an object where an object is expected. It is never "not found", so a

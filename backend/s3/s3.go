@@ -310,7 +310,7 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 			return nil, fmt.Errorf("s3: range: %w", err)
 		}
 	}
-	rc, _, _, err := d.core.GetObject(ctx, d.bucket, key, opts)
+	rc, info, _, err := d.core.GetObject(ctx, d.bucket, key, opts)
 	if err != nil {
 		var er minio.ErrorResponse
 		if errors.As(err, &er) && (er.Code == minio.InvalidRange || er.StatusCode == http.StatusRequestedRangeNotSatisfiable) {
@@ -319,7 +319,28 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 		}
 		return nil, fmt.Errorf("s3: get %s: %w", key, err)
 	}
-	return rc, nil
+	return &sizedReader{ReadCloser: rc, left: info.Size}, nil
+}
+
+// sizedReader knows the length of the response body it reads (its
+// Content-Length), for backend.Remainer.
+type sizedReader struct {
+	io.ReadCloser
+	left int64
+}
+
+func (r *sizedReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	r.left -= int64(n)
+	return n, err
+}
+
+// Remain implements backend.Remainer.
+func (r *sizedReader) Remain() int64 {
+	if r.left < 0 {
+		return -1
+	}
+	return r.left
 }
 
 // Stat implements backend.Driver.
