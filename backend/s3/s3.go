@@ -688,3 +688,32 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 // interface does not cover (bucket management, inspecting incomplete
 // multipart uploads).
 func (d *Driver) Client() *minio.Client { return d.client }
+
+// ListUploads implements backend.UploadLister: the bucket's incomplete
+// multipart uploads of keys under prefix.
+func (d *Driver) ListUploads(ctx context.Context, prefix string, fn func(backend.Upload) error) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops minio's listing goroutine when fn ends early
+	for u := range d.client.ListIncompleteUploads(lctx, d.bucket, prefix, true) {
+		if u.Err != nil {
+			return fmt.Errorf("s3: list uploads %s: %w", prefix, u.Err)
+		}
+		if err := fn(backend.Upload{Key: u.Key, ID: u.UploadID, Initiated: u.Initiated, Size: u.Size}); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// AbortUpload implements backend.UploadLister.
+func (d *Driver) AbortUpload(ctx context.Context, key, id string) error {
+	err := d.core.AbortMultipartUpload(ctx, d.bucket, key, id)
+	var er minio.ErrorResponse
+	if errors.As(err, &er) && er.Code == minio.NoSuchUpload {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("s3: abort upload %s: %w", key, err)
+	}
+	return nil
+}

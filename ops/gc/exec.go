@@ -31,6 +31,10 @@ type Plan struct {
 	// (FindOrphans); DeleteOrphans removes them.
 	Orphans     []Orphan `json:"orphans"`
 	OrphanBytes int64    `json:"orphan_bytes"`
+	// Uploads are incomplete multipart uploads under the run started
+	// longer than the grace period ago (FindUploads); AbortUploads
+	// aborts them.
+	Uploads []backend.Upload `json:"uploads"`
 }
 
 // PlanRun lists run once, finds its newest valid checkpoint (verified as
@@ -69,6 +73,9 @@ func PlanRun(ctx context.Context, run *backend.Store, p Policy, deep bool, now t
 	}
 	for _, o := range pl.Orphans {
 		pl.OrphanBytes += o.Bytes
+	}
+	if pl.Uploads, err = FindUploads(ctx, run, p.Grace, now); err != nil {
+		return nil, err
 	}
 	return pl, nil
 }
@@ -113,6 +120,8 @@ type Result struct {
 	// DeleteOrphans removed (the CLI runs it after Execute).
 	OrphansDeleted   int   `json:"orphans_deleted"`
 	OrphanBytesFreed int64 `json:"orphan_bytes_freed"`
+	// UploadsAborted counts the incomplete uploads AbortUploads aborted.
+	UploadsAborted int `json:"uploads_aborted"`
 }
 
 // Execute deletes the checkpoints the decisions mark, oldest first, below
