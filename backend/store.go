@@ -225,7 +225,16 @@ func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []b
 			return err
 		}
 		defer rc.Close()
-		if _, err := io.ReadFull(rc, dst); err != nil {
+		// A response that announced the whole range but ended early was
+		// cut in transit (a transient failure, retried); one that announced
+		// less, or a stream of unknown length that ends early, is a short
+		// object.
+		announced := rc.(Remainer).Remain()
+		if n, err := io.ReadFull(rc, dst); err != nil {
+			if (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && announced >= int64(len(dst)) {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeTransient,
+					Err: fmt.Errorf("connection ended after %d of %d announced bytes: %w", n, announced, io.ErrUnexpectedEOF)}
+			}
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown,
 					Err: fmt.Errorf("object shorter than range [%d,%d): %w", offset, offset+int64(len(dst)), io.ErrUnexpectedEOF)}
