@@ -162,4 +162,3 @@ func TestHostileCorpus(t *testing.T) {
 		Note: fmt.Sprintf("%d inputs; survived = no crash, no hang (30 s), RSS < 1 GiB (worst %d MiB), exit code of its class", len(corpus), worstRSS>>20)})
 	require.Empty(t, failures)
 }
-
