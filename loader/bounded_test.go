@@ -2,7 +2,6 @@ package loader_test
 
 import (
 	"context"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -12,33 +11,16 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 )
 
-// sparseCheckpoint commits, on fs, a checkpoint of one uint8 tensor of n
-// zero bytes in one chunk, its data object a sparse file (no disk used).
+// sparseCheckpoint opens a ckpttest.SparseTensorCheckpoint of n bytes.
 func sparseCheckpoint(t *testing.T, n int64) *backend.Store {
 	t.Helper()
 	dir := t.TempDir()
-	obj := "rank-00000-000.data"
-	f, err := os.Create(filepath.Join(dir, obj))
-	require.NoError(t, err)
-	require.NoError(t, f.Truncate(n))
-	require.NoError(t, f.Close())
-	// CRC32C of n zero bytes, computed piece by piece.
-	zeros := make([]byte, 1<<20)
-	var crc uint32
-	for done := int64(0); done < n; done += int64(len(zeros)) {
-		crc = crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), zeros[:min(int64(len(zeros)), n-done)])
-	}
-	md := &metadata.Checkpoint{WorldSize: 1, Training: metadata.TrainingState{Optimizer: metadata.OptimizerNone},
-		Tensors: []metadata.TensorEntry{{Key: "model.big", DType: "uint8", Shape: []int64{n},
-			Chunks: []metadata.Chunk{{Offsets: []int64{0}, Sizes: []int64{n}, Object: obj, Length: n, CRC32C: crc}}}},
-		Objects: []metadata.ObjectEntry{{Key: obj, Size: n}}}
-	enc, err := metadata.Encode(md)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, metadata.ObjectKey), enc, 0o644))
+	ckpttest.SparseTensorCheckpoint(t, dir, n)
 	st, err := backend.Open(context.Background(), dir)
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })

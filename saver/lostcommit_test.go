@@ -3,8 +3,6 @@ package saver_test
 import (
 	"context"
 	"net/http"
-	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/s3"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"
 )
@@ -26,28 +23,13 @@ import (
 // bytes; this checks it end to end through a connection broken after the
 // S3 server stored the metadata object.
 func TestCommitWithLostResponseIsCommittedOnS3(t *testing.T) {
-	raw := os.Getenv(ckpttest.S3URLEnv)
-	if raw == "" {
-		t.Skipf("%s not set", ckpttest.S3URLEnv)
-	}
-	u, err := url.Parse(raw)
-	require.NoError(t, err)
-	p, err := faultproxy.New("http://" + u.Query().Get("endpoint"))
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	q := u.Query()
-	q.Set("endpoint", p.Host())
-	u.RawQuery = q.Encode()
 	ctx := context.Background()
-	root, err := backend.Open(ctx, u.String())
-	require.NoError(t, err)
-	st := storetest.Scratch(t, root).WithRetry(backend.RetryPolicy{Attempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
-	t.Cleanup(p.Clear)
+	st, p := ckpttest.ProxiedS3(t, backend.RetryPolicy{Attempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
 	rule := p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool {
 		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/"+metadata.ObjectKey)
 	}, Fail: func(n int) bool { return n == 0 }, Break: faultproxy.CutBody})
 	s := ckpttest.NewState(6, 8)
-	_, err = saver.SaveLocal(ctx, st, s.Shard(2), saver.Options{Iteration: 6})
+	_, err := saver.SaveLocal(ctx, st, s.Shard(2), saver.Options{Iteration: 6})
 	require.NoError(t, err)
 	require.Equal(t, 1, p.Failed(rule), "the commit's response was lost once")
 	ckpttest.RequireLoads(t, st, s)

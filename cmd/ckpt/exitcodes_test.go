@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
+
 	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
@@ -64,7 +66,7 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 
 	// bad-checkpoint: a real DCP checkpoint whose pickled .metadata is cut.
 	dcp := filepath.Join(dir, "dcp")
-	copyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dcp)
+	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dcp)
 	md, err := os.ReadFile(filepath.Join(dcp, ".metadata"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dcp, ".metadata"), md[:len(md)/2], 0o644))
@@ -72,13 +74,13 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 	// bad-checkpoint: a committed checkpoint one of whose data objects is
 	// gone is a bad checkpoint, not a "not found".
 	holed := filepath.Join(dir, "holed")
-	copyDir(t, good, holed)
+	ckpttest.CopyDir(t, good, holed)
 	holedObject := dataObject(t, holed, 0)
 	require.NoError(t, os.Remove(holedObject))
 
 	// unsupported: a native checkpoint from a future major format version.
 	future := filepath.Join(dir, "future")
-	copyDir(t, good, future)
+	ckpttest.CopyDir(t, good, future)
 	mdPath := filepath.Join(future, "ckptkit.metadata.json")
 	raw, err := os.ReadFile(mdPath)
 	require.NoError(t, err)
@@ -138,21 +140,5 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 			require.Equal(t, doc[c.class.String()], code, "ckpt %v: %s", c.args, errb.String())
 			require.Contains(t, errb.String(), c.want)
 		})
-	}
-}
-
-// copyDir copies the regular files of src (hidden ones included) into dst.
-func copyDir(t *testing.T, src, dst string) {
-	t.Helper()
-	require.NoError(t, os.MkdirAll(dst, 0o755))
-	entries, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644))
 	}
 }

@@ -17,13 +17,8 @@ import (
 // passing (a float32 [2^62] with an empty chunk), folding case ("Shape") or
 // reporting a missing object for "../x".
 func TestHostileMetadataThroughTheCLI(t *testing.T) {
-	dir := t.TempDir()
-	trainJSON(t, "--url", dir, "--steps", "3", "--save-every", "3")
+	dir, st, good := trainedMetadata(t)
 	ctx := context.Background()
-	st, err := backend.Open(ctx, dir+"/step-00000003")
-	require.NoError(t, err)
-	good, err := st.ReadAll(ctx, metadata.ObjectKey, metadata.MaxSize)
-	require.NoError(t, err)
 	md, err := metadata.Decode(good)
 	require.NoError(t, err)
 	first := md.Tensors[0]
@@ -76,13 +71,8 @@ func TestHostileMetadataThroughTheCLI(t *testing.T) {
 // verify --deep and resumed at the wrong step. The metadata's seal refuses
 // it in verify, inspect and resume alike (exit 1, bad checkpoint).
 func TestFlippedIterationBitIsCaught(t *testing.T) {
-	dir := t.TempDir()
-	trainJSON(t, "--url", dir, "--steps", "3", "--save-every", "3")
+	dir, st, good := trainedMetadata(t)
 	ctx := context.Background()
-	st, err := backend.Open(ctx, dir+"/step-00000003")
-	require.NoError(t, err)
-	good, err := st.ReadAll(ctx, metadata.ObjectKey, metadata.MaxSize)
-	require.NoError(t, err)
 	i := strings.Index(string(good), `"iteration":3`)
 	require.Positive(t, i)
 	bad := []byte(string(good))
@@ -97,4 +87,18 @@ func TestFlippedIterationBitIsCaught(t *testing.T) {
 		require.Equal(t, 1, code, "%v: %s%s", args, out, errs)
 		require.Contains(t, out+errs, "metadata_crc32c", "%v", args)
 	}
+}
+
+// trainedMetadata trains 3 steps into a fresh run dir and returns it, the
+// store of its step-3 checkpoint and that checkpoint's metadata bytes.
+func trainedMetadata(t *testing.T) (string, *backend.Store, []byte) {
+	t.Helper()
+	dir := t.TempDir()
+	trainJSON(t, "--url", dir, "--steps", "3", "--save-every", "3")
+	ctx := context.Background()
+	st, err := backend.Open(ctx, dir+"/step-00000003")
+	require.NoError(t, err)
+	good, err := st.ReadAll(ctx, metadata.ObjectKey, metadata.MaxSize)
+	require.NoError(t, err)
+	return dir, st, good
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
+
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/s3"
 )
@@ -58,6 +60,6 @@ func TestGCAbortsAbandonedUploads(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, out, "aborted 1 incomplete upload(s)")
 	require.Empty(t, uploads(t, st))
-	code, vout, errs := ckpt(t, "verify", "--deep", withPath(run, "step-00000002"))
+	code, vout, errs := ckpt(t, "verify", "--deep", ckpttest.WithPath(run, "step-00000002"))
 	require.Equal(t, 0, code, "the committed checkpoint is untouched: %s%s", vout, errs)
 }

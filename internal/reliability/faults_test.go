@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
-	"os"
 	"testing"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
 )
@@ -33,24 +30,9 @@ const slowDown = `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</C
 // A cycle survives when it ends with the saved bytes loaded; it is lost
 // when it ends with wrong data, or with an error that is not classified.
 func TestSaveVerifyLoadUnderFaults(t *testing.T) {
-	raw := os.Getenv("CKPTKIT_TEST_S3_URL")
-	if raw == "" {
-		t.Skip("CKPTKIT_TEST_S3_URL not set")
-	}
 	n := size(100, 10)
-	u, err := url.Parse(raw)
-	require.NoError(t, err)
-	p, err := faultproxy.New("http://" + u.Query().Get("endpoint"))
-	require.NoError(t, err)
-	defer p.Close()
-	q := u.Query()
-	q.Set("endpoint", p.Host())
-	u.RawQuery = q.Encode()
 	ctx := context.Background()
-	root, err := backend.Open(ctx, u.String())
-	require.NoError(t, err)
-	run := storetest.Scratch(t, root)
-	t.Cleanup(p.Clear)
+	run, p := ckpttest.ProxiedS3(t, backend.DefaultRetryPolicy)
 	breaks := []faultproxy.Break{faultproxy.Reset, faultproxy.BrokenHeaders, faultproxy.CutBody, faultproxy.NoBreak}
 	for _, b := range breaks {
 		p.Add(&faultproxy.Rule{Match: func(*http.Request) bool { return rand.IntN(40) == 0 }, Break: b,

@@ -2,7 +2,6 @@ package reliability
 
 import (
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/metadata"
 )
 
@@ -21,19 +21,6 @@ type hostile struct {
 	name  string
 	make  func(t *testing.T, dir string)
 	codes []int // allowed exit codes of verify --deep and inspect --hash
-}
-
-// copyTree copies the files of src into dst.
-func copyTree(t *testing.T, src, dst string) {
-	t.Helper()
-	require.NoError(t, os.MkdirAll(dst, 0o755))
-	es, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range es {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644))
-	}
 }
 
 // editMetadata rewrites dir's metadata with f, sealed again unless raw.
@@ -48,30 +35,6 @@ func editMetadata(t *testing.T, dir string, raw bool, f func(string) string) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, os.WriteFile(p, out, 0o644))
-}
-
-// sparseChunk writes a checkpoint of one uint8 tensor of n zero bytes in
-// one chunk whose data object is a sparse file.
-func sparseChunk(t *testing.T, dir string, n int64) {
-	t.Helper()
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	obj := "rank-00000-000.data"
-	f, err := os.Create(filepath.Join(dir, obj))
-	require.NoError(t, err)
-	require.NoError(t, f.Truncate(n))
-	require.NoError(t, f.Close())
-	zeros := make([]byte, 1<<20)
-	var crc uint32
-	for done := int64(0); done < n; done += int64(len(zeros)) {
-		crc = crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), zeros[:min(int64(len(zeros)), n-done)])
-	}
-	md := &metadata.Checkpoint{WorldSize: 1, Training: metadata.TrainingState{Optimizer: metadata.OptimizerNone},
-		Tensors: []metadata.TensorEntry{{Key: "model.big", DType: "uint8", Shape: []int64{n},
-			Chunks: []metadata.Chunk{{Offsets: []int64{0}, Sizes: []int64{n}, Object: obj, Length: n, CRC32C: crc}}}},
-		Objects: []metadata.ObjectEntry{{Key: obj, Size: n}}}
-	enc, err := metadata.Encode(md)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, metadata.ObjectKey), enc, 0o644))
 }
 
 // The hostile inputs of the issue, each through verify --deep and
@@ -103,7 +66,7 @@ func TestHostileCorpus(t *testing.T) {
 			})
 		}, []int{1}},
 		{"64 GiB chunk declared over a small object (sealed)", func(t *testing.T, d string) {
-			sparseChunk(t, d, 16)
+			ckpttest.SparseTensorCheckpoint(t, d, 16)
 			editMetadata(t, d, false, func(s string) string {
 				s = strings.Replace(s, `"shape":[16]`, `"shape":[68719476736]`, 1)
 				s = strings.Replace(s, `"sizes":[16]`, `"sizes":[68719476736]`, 1)
@@ -111,7 +74,7 @@ func TestHostileCorpus(t *testing.T) {
 				return strings.Replace(s, `"size":16`, `"size":68719476736`, 1)
 			})
 		}, []int{1}},
-		{fmt.Sprintf("%d MiB chunk in a sparse object", big>>20), func(t *testing.T, d string) { sparseChunk(t, d, big) }, []int{0}},
+		{fmt.Sprintf("%d MiB chunk in a sparse object", big>>20), func(t *testing.T, d string) { ckpttest.SparseTensorCheckpoint(t, d, big) }, []int{0}},
 		{"FIFO at the metadata key", func(t *testing.T, d string) {
 			require.NoError(t, os.Remove(filepath.Join(d, metadata.ObjectKey)))
 			require.NoError(t, syscall.Mkfifo(filepath.Join(d, metadata.ObjectKey), 0o644))
@@ -121,7 +84,7 @@ func TestHostileCorpus(t *testing.T) {
 		}, []int{1}},
 		{"truncated DCP .metadata", func(t *testing.T, d string) {
 			require.NoError(t, os.RemoveAll(d))
-			copyTree(t, "../../../shared/fixtures/dcp-torch1.13/dense", d)
+			ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", d)
 			b, err := os.ReadFile(filepath.Join(d, ".metadata"))
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(d, ".metadata"), b[:len(b)/2], 0o644))
@@ -135,7 +98,7 @@ func TestHostileCorpus(t *testing.T) {
 		if strings.Contains(h.name, "sparse object") || strings.Contains(h.name, "small object") {
 			require.NoError(t, os.MkdirAll(d, 0o755))
 		} else {
-			copyTree(t, good, d)
+			ckpttest.CopyDir(t, good, d)
 		}
 		h.make(t, d)
 		cmds := [][]string{{"verify", "--deep", d}, {"inspect", "--hash", d}}

@@ -158,12 +158,3 @@ func s3Run(name string) string {
 	}
 	return out
 }
-
-// withPath puts p after the path of a URL that may carry a query.
-func withPath(u, p string) string {
-	base, query, ok := strings.Cut(u, "?")
-	if ok {
-		return base + "/" + p + "?" + query
-	}
-	return strings.TrimSuffix(base, "/") + "/" + p
-}
