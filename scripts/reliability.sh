@@ -22,30 +22,8 @@ CKPTKIT_RELIABILITY=full CKPTKIT_RELIABILITY_REPORT=$report \
 	go test -count=1 -timeout 3h -v ./internal/reliability >"$report.log" 2>&1 || status=$?
 grep -E '^(--- |FAIL|ok )' "$report.log" || true
 
-# The fuzz targets: metadata decode+validate, the DCP unpickler, DCP
-# torch.save zip items, the plugin status frames.
-targets=(
-	"./metadata FuzzDecode"
-	"./interop/torchdcp FuzzUnpickle"
-	"./interop/torchdcp FuzzDecodeTensor"
-	"./plugins/internal/wire FuzzDetail"
-)
-{
-	echo
-	echo "| fuzz target | time | result |"
-	echo "| --- | --- | --- |"
-} >>"$report"
-for t in "${targets[@]}"; do
-	read -r pkg name <<<"$t"
-	if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >"$report.fuzz.log" 2>&1; then
-		execs=$(grep -o 'execs: [0-9]*' "$report.fuzz.log" | tail -1 | cut -d' ' -f2)
-		echo "| $pkg $name | $FUZZTIME | no finding (${execs:-?} execs) |" >>"$report"
-	else
-		status=1
-		echo "| $pkg $name | $FUZZTIME | FINDING: see testdata/fuzz in $pkg |" >>"$report"
-		tail -20 "$report.fuzz.log" >&2
-	fi
-done
+echo >>"$report"
+bash scripts/fuzz.sh "$FUZZTIME" >>"$report" || status=1
 echo
 cat "$report"
 exit "$status"
