@@ -535,7 +535,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				}
 				po.CRC32C = &obj
 			}
-			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(body), po); err != nil {
+			if err := st.Put(gctx, w.Object, w.Size, backend.NewSlicesReader(body), po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			written.Add(w.Size)

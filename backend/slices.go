@@ -1,14 +1,15 @@
-package saver
+package backend
 
 import (
 	"errors"
 	"io"
 )
 
-// slicesReader reads a sequence of byte slices back to back without copying
-// them into one buffer. It is an io.Seeker so the Store can rewind it to
-// retry a transient upload failure.
-type slicesReader struct {
+// SlicesReader reads a sequence of byte slices back to back without copying
+// them into one buffer: a Put body made of several buffers (the saver's
+// items, the C ABI's caller buffers). It is an io.Seeker, so the Store can
+// rewind it to retry a transient upload failure.
+type SlicesReader struct {
 	parts [][]byte
 	size  int64
 	pos   int64
@@ -16,15 +17,17 @@ type slicesReader struct {
 	off   int64 // pos within parts[idx]
 }
 
-func newSlicesReader(parts [][]byte) *slicesReader {
-	r := &slicesReader{parts: parts}
+// NewSlicesReader returns a reader of parts, concatenated.
+func NewSlicesReader(parts [][]byte) *SlicesReader {
+	r := &SlicesReader{parts: parts}
 	for _, p := range parts {
 		r.size += int64(len(p))
 	}
 	return r
 }
 
-func (r *slicesReader) Read(p []byte) (int, error) {
+// Read implements io.Reader.
+func (r *SlicesReader) Read(p []byte) (int, error) {
 	n := 0
 	for n < len(p) && r.idx < len(r.parts) {
 		c := copy(p[n:], r.parts[r.idx][r.off:])
@@ -42,7 +45,8 @@ func (r *slicesReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
+// Seek implements io.Seeker.
+func (r *SlicesReader) Seek(offset int64, whence int) (int64, error) {
 	switch whence {
 	case io.SeekCurrent:
 		offset += r.pos
@@ -50,7 +54,7 @@ func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
 		offset += r.size
 	}
 	if offset < 0 || offset > r.size {
-		return r.pos, errors.New("slicesReader: seek out of range")
+		return r.pos, errors.New("SlicesReader: seek out of range")
 	}
 	r.pos, r.idx, r.off = offset, 0, offset
 	for r.idx < len(r.parts) && r.off >= int64(len(r.parts[r.idx])) {
