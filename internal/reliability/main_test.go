@@ -54,7 +54,14 @@ func record(r row) {
 	report = append(report, r)
 }
 
+// wrapEnv names the file a wrapper process writes its child's peak RSS
+// to: the test binary runs itself as that wrapper (see run).
+const wrapEnv = "CKPTKIT_RELIABILITY_WRAP"
+
 func TestMain(m *testing.M) {
+	if out := os.Getenv(wrapEnv); out != "" {
+		os.Exit(wrap(out, os.Args[1], os.Args[2:]))
+	}
 	dir, err := os.MkdirTemp("", "ckpt-rel-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -109,24 +116,50 @@ type result struct {
 	timedOut  bool
 }
 
-// run runs ckpt with args, killing it after timeout.
+// wrap runs bin with args as a child, writes the child's peak RSS (bytes)
+// to out and returns its exit code. A child's rusage counts the memory of
+// the process it was forked from until its exec; forked from this small,
+// fresh process, the figure is the child's own, not the test binary's.
+func wrap(out, bin string, args []string) int {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a timed-out wrapper
+	_ = cmd.Run()
+	if cmd.ProcessState == nil {
+		return 125
+	}
+	var rss int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		rss = ru.Maxrss * 1024 // KiB on Linux
+	}
+	_ = os.WriteFile(out, []byte(fmt.Sprint(rss)), 0o644)
+	if code := cmd.ProcessState.ExitCode(); code >= 0 {
+		return code
+	}
+	return 137 // killed
+}
+
+// run runs ckpt with args (through wrap, to measure its peak RSS),
+// killing it after timeout.
 func run(t *testing.T, timeout time.Duration, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, ckptBin, args...)
+	rssFile := filepath.Join(t.TempDir(), "rss")
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{ckptBin}, args...)...)
+	cmd.Env = append(os.Environ(), wrapEnv+"="+rssFile)
+	cmd.WaitDelay = time.Second
 	var out, errs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errs
 	start := time.Now()
 	err := cmd.Run()
 	r := result{out: out.String(), errs: errs.String(), elapsed: time.Since(start), timedOut: ctx.Err() != nil}
-	if cmd.ProcessState != nil {
-		r.code = cmd.ProcessState.ExitCode()
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			r.maxRSS = ru.Maxrss * 1024 // KiB on Linux
-		}
-	} else if err != nil {
+	if cmd.ProcessState == nil {
 		t.Fatalf("ckpt %v: %v", args, err)
+	}
+	r.code = cmd.ProcessState.ExitCode()
+	if b, err := os.ReadFile(rssFile); err == nil {
+		fmt.Sscan(string(b), &r.maxRSS)
 	}
 	return r
 }
