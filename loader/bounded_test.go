@@ -115,3 +115,26 @@ func TestOversizedMetadataIsRefusedUnread(t *testing.T) {
 	require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err))
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "nothing of it was read")
 }
+
+// Regression (issue 16, found by the campaign): every read buffer of a
+// verify or load had the capacity of the 64 MiB read cap, whatever the
+// checkpoint held: a deep verify of a 10 KB checkpoint allocated 64 MiB
+// per concurrent read. Buffers are now the size of the plan's largest read.
+func TestSmallCheckpointCostsSmallBuffers(t *testing.T) {
+	run := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	s := ckpttest.NewState(9, 16)
+	st := ckpttest.SaveStep(t, run, 1, s, 2)
+	ctx := context.Background()
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	targets := ckpttest.Targets(s.Shard(2))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	rep, err := c.Verify(ctx, loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.True(t, rep.Resumable)
+	_, err = c.Load(ctx, targets, loader.Options{})
+	require.NoError(t, err)
+	runtime.ReadMemStats(&after)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "bytes allocated to verify and load a %d-byte checkpoint", rep.BytesChecked)
+}

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -288,7 +287,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
-	pool := bufpool.New(planner.DefaultMaxReadBytes) // conc reads hold one each
+	pool := readPool(plan, planner.DefaultMaxReadBytes) // conc reads hold one each
 	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
