@@ -2,6 +2,7 @@ package loader_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -137,4 +138,54 @@ func TestSmallCheckpointCostsSmallBuffers(t *testing.T) {
 	require.NoError(t, err)
 	runtime.ReadMemStats(&after)
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(4<<20), "bytes allocated to verify and load a %d-byte checkpoint", rep.BytesChecked)
+}
+
+// WriteTensor yields exactly ReadTensor's bytes, for row-sharded native
+// tensors (streamed chunk by chunk) and DCP tensors (assembled in slabs).
+func TestWriteTensorMatchesReadTensor(t *testing.T) {
+	ctx := context.Background()
+	run := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	native := ckpttest.SaveStep(t, run, 1, ckpttest.NewState(4, 9), 3)
+	dcp, err := backend.Open(ctx, "../../shared/fixtures/dcp-torch1.13/dense")
+	require.NoError(t, err)
+	defer dcp.Close()
+	for _, st := range []*backend.Store{native, dcp} {
+		c, err := loader.Open(ctx, st)
+		require.NoError(t, err)
+		for _, te := range c.Metadata().Tensors {
+			want, err := c.ReadTensor(ctx, te.Key)
+			require.NoError(t, err, te.Key)
+			h := sha256.New()
+			require.NoError(t, c.WriteTensor(ctx, te.Key, h), te.Key)
+			sum := sha256.Sum256(want.Data)
+			require.Equal(t, sum[:], h.Sum(nil), "%s %s", st, te.Key)
+		}
+	}
+}
+
+// Regression (issue 16): inspect --hash held whole tensors (a 3 GiB chunk,
+// 3 GiB of memory). WriteTensor streams a 1 GiB chunk into a hash with a
+// few MiB allocated, and still refuses a flipped byte.
+func TestWriteTensorOfAHugeChunkIsBoundedInMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads 1 GiB")
+	}
+	st := sparseCheckpoint(t, 1<<30)
+	ctx := context.Background()
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	h := sha256.New()
+	require.NoError(t, c.WriteTensor(ctx, "model.big", h))
+	runtime.ReadMemStats(&after)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20))
+	path := filepath.Join(st.String()[len("file://"):], "rank-00000-000.data")
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte{1}, 12345)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.ErrorIs(t, c.WriteTensor(ctx, "model.big", sha256.New()), loader.ErrChecksum)
 }
