@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -44,18 +45,31 @@ type Options struct {
 	// MaxReadBytes caps one coalesced read (default 8 MiB, so the read
 	// buffers in flight stay near Concurrency x 8 MiB).
 	MaxReadBytes int64
-	// StagingLimit is the most data a transactional load stages in memory
-	// before touching the targets (default 512 MiB). A larger load reads
-	// twice instead: a verify pass (every CRC checked, nothing kept), then
-	// a copy pass that checks every CRC again while filling the targets.
+	// Transactional makes a load that fails on a read or checksum error
+	// leave the targets exactly as they were, at the price of memory or a
+	// second read: up to StagingLimit of data is staged in memory (verified)
+	// before any target is touched; a larger load reads twice, a verify
+	// pass (every CRC checked, nothing kept), then a copy pass that checks
+	// every CRC again while filling the targets.
+	//
+	// Without it (the default) a load reads every byte once: each chunk
+	// goes straight into its target when the target's bytes for it are
+	// contiguous (or into a reused buffer of at most MaxReadBytes, then
+	// into the target), and its CRC32C is computed piece by piece while
+	// the bytes are still in the cache. Every rule that can be checked
+	// from the metadata (partial state, layout, coverage, dtype, shape,
+	// keys) is still checked before the first byte is read; a read or
+	// checksum failure midway fails with ErrTargetsPartlyFilled (and
+	// ErrChecksum naming key, object and offset), and the targets must
+	// be reloaded, for example from an older checkpoint.
+	Transactional bool
+	// StagingLimit is the most data a Transactional load stages in memory
+	// before touching the targets (default 512 MiB).
 	StagingLimit int64
-	// Direct fills the targets in one pass, with memory bounded by
-	// Concurrency x MaxReadBytes: each read is checked against its CRC32C
-	// before (or, when read straight into a contiguous target, right after)
-	// it lands. It gives up transactionality for data errors only: every
-	// resume rule is still checked before any I/O, but a read or checksum
-	// failure midway leaves the targets partly filled (ErrTargetsPartlyFilled).
-	// Use it when a failed load ends the process anyway.
+	// Direct is the one-pass load, now the default.
+	//
+	// Deprecated: one pass is the default; Direct has no effect. Use
+	// Transactional for the old default.
 	Direct bool
 	// Logger receives the one summary line of a load that pruned lazy
 	// state or skipped the optimizer (default slog.Default()).
@@ -116,20 +130,23 @@ type Report struct {
 	// (BytesRead and ReadRequests count both passes of verify-then-copy).
 	BytesNeeded, BytesRead int64
 	ReadRequests           int
-	// Mode is how the data was read: ModeStaged, ModeVerifyThenCopy or
-	// ModeDirect.
+	// Mode is how the data was read: ModeDirect (the default),
+	// ModeStaged or ModeVerifyThenCopy (Transactional).
 	Mode     string
 	Duration time.Duration
 }
 
 // Load modes reported in Report.Mode.
 const (
-	// ModeStaged: everything read and verified into memory, then copied.
-	ModeStaged = "staged"
-	// ModeVerifyThenCopy: a verify pass, then a verified copy pass.
-	ModeVerifyThenCopy = "verify-then-copy"
-	// ModeDirect: one pass, each read verified then copied (Options.Direct).
+	// ModeDirect: the default; one pass, each byte read once into its
+	// target (or a reused buffer) and its CRC32C computed as it lands.
 	ModeDirect = "direct"
+	// ModeStaged: Transactional, everything read and verified into
+	// memory, then copied.
+	ModeStaged = "staged"
+	// ModeVerifyThenCopy: Transactional above StagingLimit, a verify pass,
+	// then a verified copy pass.
+	ModeVerifyThenCopy = "verify-then-copy"
 )
 
 // Summary is the one line logged for the load.
@@ -163,10 +180,13 @@ func Load(ctx context.Context, st *backend.Store, targets []*statedict.StateDict
 
 // Load fills targets (one StateDict per local rank, tensors preallocated
 // with the wanted dtype, global shape and chunk box; bytes keys present with
-// any value) from the checkpoint. It is transactional: every resume rule is
-// checked and every byte read and verified before any target buffer or map
-// changes, so a failed load leaves targets exactly as they were. Reads of
-// chunks wanted by several ranks happen once.
+// any value) from the checkpoint. Every resume rule is checked before any
+// data is read. By default every byte is then read once, straight into the
+// targets, with its CRC32C computed as it arrives; a data error midway is
+// ErrTargetsPartlyFilled. With Options.Transactional every byte is read and
+// verified before any target buffer or map changes, so a failed load
+// leaves targets exactly as they were. Reads of chunks wanted by several
+// ranks happen once.
 func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, opts Options) (*Report, error) {
 	start := time.Now()
 	opts.defaults()
@@ -202,12 +222,11 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 	}
 
 	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency, maxRead: opts.MaxReadBytes}
-	mode := ModeStaged
+	mode := ModeDirect
 	switch {
-	case opts.Direct:
-		mode = ModeDirect
-		if err = ex.stream(ctx, true); err != nil {
-			err = fmt.Errorf("%w (direct mode): %w", ErrTargetsPartlyFilled, err)
+	case !opts.Transactional:
+		if err = ex.stream(ctx, true); err != nil && ex.touched.Load() {
+			err = fmt.Errorf("%w (%w; load with Options.Transactional to keep the targets intact)", err, ErrTargetsPartlyFilled)
 		}
 	case plan.BytesRead > opts.StagingLimit:
 		mode = ModeVerifyThenCopy
@@ -219,6 +238,7 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 			}
 		}
 	default:
+		mode = ModeStaged
 		var staged [][][]byte
 		if staged, err = c.readAll(ctx, plan, opts.Concurrency); err == nil {
 			// Everything is verified: now, and only now, write into the targets.
@@ -257,19 +277,9 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 		op := &plan.Ops[i]
 		g.Go(func() error {
 			buf := make([]byte, op.Length)
-			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
-				return err
-			}
-			chunks := make([][]byte, len(op.Chunks))
-			for j, cr := range op.Chunks {
-				raw, err := c.verifyChunk(op, &cr, buf[cr.Start:cr.Start+cr.Length])
-				if err != nil {
-					return err
-				}
-				chunks[j] = raw
-			}
+			chunks, err := c.readOp(gctx, op, buf)
 			out[i] = chunks
-			return nil
+			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -278,8 +288,55 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 	return out, nil
 }
 
-// verifyChunk checks a raw chunk's CRC32C, or decodes a foreign one.
-func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stored []byte) ([]byte, error) {
+// readOp reads op into buf (op.Length bytes), computing every chunk's
+// CRC32C while the bytes arrive, and returns each chunk's verified (or
+// decoded) bytes.
+func (c *Checkpoint) readOp(ctx context.Context, op *planner.ReadOp, buf []byte) ([][]byte, error) {
+	tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks))}
+	if err := MissingObject(c.store.ReadRangeTap(ctx, op.Object, op.Offset, buf, tap)); err != nil {
+		return nil, err
+	}
+	chunks := make([][]byte, len(op.Chunks))
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		raw, err := c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length], tap.crcs[j])
+		if err != nil {
+			return nil, err
+		}
+		chunks[j] = raw
+	}
+	return chunks, nil
+}
+
+// chunkTap computes the CRC32C of every chunk of a read op from the pieces
+// of the read, in order (backend.Tap).
+type chunkTap struct {
+	op    *planner.ReadOp
+	crcs  []uint32
+	pos   int64 // bytes of the op seen so far
+	first int   // first chunk not yet complete (chunks are sorted by Start)
+}
+
+func (t *chunkTap) Reset() { t.pos, t.first = 0, 0; clear(t.crcs) }
+
+func (t *chunkTap) Write(p []byte) (int, error) {
+	p0, p1 := t.pos, t.pos+int64(len(p))
+	for j := t.first; j < len(t.op.Chunks) && t.op.Chunks[j].Start < p1; j++ {
+		cr := &t.op.Chunks[j]
+		if a, b := max(cr.Start, p0), min(cr.Start+cr.Length, p1); a < b {
+			t.crcs[j] = crc32.Update(t.crcs[j], castagnoli, p[a-p0:b-p0])
+		}
+		if j == t.first && cr.Start+cr.Length <= p1 {
+			t.first++
+		}
+	}
+	t.pos = p1
+	return len(p), nil
+}
+
+// verifyChunk checks a raw chunk against its CRC32C (got, computed while
+// it was read), or decodes a foreign one.
+func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stored []byte, got uint32) ([]byte, error) {
 	var enc, dtype string
 	var crc uint32
 	var sizes []int64
@@ -293,7 +350,7 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 	}
 	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
 	if enc == metadata.EncodingRaw {
-		if got := crc32.Checksum(stored, castagnoli); got != crc {
+		if got != crc {
 			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
 		}
 		if err := checkBool(dtype, stored, where); err != nil {
@@ -351,6 +408,9 @@ type executor struct {
 	maxRead int64
 	pool    *bufpool.Pool
 
+	// touched is set once any target byte may have been written.
+	touched atomic.Bool
+
 	mu   sync.Mutex
 	sets []bytesSet // bytes values, applied last
 }
@@ -374,12 +434,10 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 		g.Go(func() error {
 			if fill {
 				if dst, ok := ex.directTarget(op); ok {
-					// Read straight into the target and check it there: one
-					// copy, as a plain file read makes.
-					if err := ex.c.readRange(gctx, op.Object, op.Offset, dst); err != nil {
-						return err
-					}
-					_, err := ex.c.verifyChunk(op, &op.Chunks[0], dst)
+					// Read straight into the target, the CRC computed as
+					// the bytes land: one copy, as a plain file read makes.
+					ex.touched.Store(true)
+					_, err := ex.c.readOp(gctx, op, dst)
 					return err
 				}
 			}
@@ -388,21 +446,11 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 				return err
 			}
 			defer pool.Put(buf)
-			if err := ex.c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
+			chunks, err := ex.c.readOp(gctx, op, buf[:op.Length])
+			if err != nil || !fill {
 				return err
 			}
-			chunks := make([][]byte, len(op.Chunks))
-			for j := range op.Chunks {
-				cr := &op.Chunks[j]
-				raw, err := ex.c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length])
-				if err != nil {
-					return err
-				}
-				chunks[j] = raw
-			}
-			if !fill {
-				return nil
-			}
+			ex.touched.Store(true)
 			return ex.applyOp(op, chunks)
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -62,9 +63,10 @@ func TestLoadModesFillTheSameBytes(t *testing.T) {
 		opts loader.Options
 		mode string
 	}{
-		{"staged", loader.Options{}, loader.ModeStaged},
-		{"verify-then-copy", loader.Options{StagingLimit: 1, MaxReadBytes: 4096}, loader.ModeVerifyThenCopy},
-		{"direct", loader.Options{Direct: true, MaxReadBytes: 4096}, loader.ModeDirect},
+		{"default", loader.Options{}, loader.ModeDirect},
+		{"default, small reads", loader.Options{MaxReadBytes: 4096}, loader.ModeDirect},
+		{"staged", loader.Options{Transactional: true}, loader.ModeStaged},
+		{"verify-then-copy", loader.Options{Transactional: true, StagingLimit: 1, MaxReadBytes: 4096}, loader.ModeVerifyThenCopy},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			targets := modesTargets(full, 2)
@@ -79,6 +81,8 @@ func TestLoadModesFillTheSameBytes(t *testing.T) {
 			}
 			if tc.mode == loader.ModeVerifyThenCopy {
 				require.Equal(t, 2*rep.BytesNeeded, rep.BytesRead, "two passes")
+			} else {
+				require.Equal(t, rep.BytesNeeded, rep.BytesRead, "read amplification 1.00")
 			}
 		})
 	}
@@ -99,12 +103,78 @@ func TestVerifyThenCopyIsTransactional(t *testing.T) {
 	require.NoError(t, st.PutBytes(ctx, ch.Object, data, backend.PutOptions{}))
 
 	targets := modesTargets(full, 2)
-	_, err = loader.Load(ctx, st, targets, loader.Options{StagingLimit: 1, MaxReadBytes: 4096, Concurrency: 1, Logger: quiet()})
+	_, err = loader.Load(ctx, st, targets, loader.Options{Transactional: true, StagingLimit: 1, MaxReadBytes: 4096, Concurrency: 1, Logger: quiet()})
 	require.ErrorIs(t, err, loader.ErrChecksum)
 	require.Contains(t, err.Error(), last.Key)
 	for _, sd := range targets {
 		for k, s := range sd.Tensors {
 			require.Equal(t, make([]byte, len(s.Data)), s.Data, "%s modified by a failed load", k)
+		}
+	}
+}
+
+// flipLastByte flips the last byte of the last chunk of the last tensor of
+// the checkpoint at st and returns that tensor's key, the chunk's object
+// and the chunk's offset in it.
+func flipLastByte(t *testing.T, st *backend.Store) (key, object string, offset int64) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	last := c.Metadata().Tensors[len(c.Metadata().Tensors)-1]
+	ch := last.Chunks[len(last.Chunks)-1]
+	data, err := st.ReadAll(ctx, ch.Object, 0)
+	require.NoError(t, err)
+	data[ch.Offset+ch.Length-1] ^= 1
+	require.NoError(t, st.PutBytes(ctx, ch.Object, data, backend.PutOptions{}))
+	return last.Key, ch.Object, ch.Offset
+}
+
+// The default one-pass load computes each chunk's CRC32C while reading it:
+// a corrupt chunk, read straight into a contiguous target (whole chunks) or
+// through a buffer (4 KiB reads coalescing nothing, resharded 3 -> 2), fails
+// naming key, object and offset, with ErrTargetsPartlyFilled and
+// ErrChecksum, classified as a bad checkpoint.
+func TestDefaultLoadNamesCorruptChunk(t *testing.T) {
+	st, full := modesState(t, "onepass-corrupt")
+	key, object, offset := flipLastByte(t, st)
+	for _, tc := range []struct {
+		name  string
+		world int
+		opts  loader.Options
+	}{
+		{"into contiguous targets", 3, loader.Options{MaxReadBytes: 4096, Concurrency: 1}},
+		{"resharded, small reads", 2, loader.Options{MaxReadBytes: 4096, Concurrency: 1}},
+		{"resharded, coalesced", 2, loader.Options{MaxReadBytes: 1 << 20, Concurrency: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.opts.Logger = quiet()
+			_, err := loader.Load(context.Background(), st, modesTargets(full, tc.world), tc.opts)
+			require.ErrorIs(t, err, loader.ErrChecksum)
+			require.ErrorIs(t, err, loader.ErrTargetsPartlyFilled)
+			require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err))
+			msg := err.Error()
+			require.Contains(t, msg, fmt.Sprintf("key %q", key))
+			require.Contains(t, msg, st.URL(object))
+			require.Contains(t, msg, fmt.Sprintf("at offset %d", offset))
+		})
+	}
+}
+
+// A failure before any target byte was written (the first read, of a
+// coalesced op read through a buffer, fails) is not reported as partly
+// filled.
+func TestDefaultLoadFailingFirstReadLeavesTargets(t *testing.T) {
+	st, full := modesState(t, "onepass-first-read")
+	failing := &failReadsAfter{Driver: st.Driver(), after: 1} // the metadata read succeeds
+	targets := modesTargets(full, 2)
+	_, err := loader.Load(context.Background(), st.WithDriver(failing).WithRetry(backend.RetryPolicy{Attempts: 1}), targets,
+		loader.Options{Concurrency: 1, MaxReadBytes: 1 << 20, Logger: quiet()})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, loader.ErrTargetsPartlyFilled)
+	for _, sd := range targets {
+		for k, s := range sd.Tensors {
+			require.Equal(t, make([]byte, len(s.Data)), s.Data, "%s modified", k)
 		}
 	}
 }
