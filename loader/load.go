@@ -292,32 +292,53 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 // CRC32C while the bytes arrive, and returns each chunk's verified (or
 // decoded) bytes.
 func (c *Checkpoint) readOp(ctx context.Context, op *planner.ReadOp, buf []byte) ([][]byte, error) {
-	tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks))}
-	if err := MissingObject(c.store.ReadRangeTap(ctx, op.Object, op.Offset, buf, tap)); err != nil {
-		return nil, err
-	}
 	chunks := make([][]byte, len(op.Chunks))
 	for j := range op.Chunks {
 		cr := &op.Chunks[j]
-		raw, err := c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length], tap.crcs[j])
+		chunks[j] = buf[cr.Start : cr.Start+cr.Length]
+	}
+	return chunks, c.readVerified(ctx, op, [][]byte{buf}, chunks, nil)
+}
+
+// readVerified reads op into segs (consecutive parts of the op's range
+// whose lengths add up to op.Length; chunks[j] is where chunk j lands,
+// inside them), computing every chunk's CRC32C while the bytes arrive,
+// then checks each chunk; a foreign chunk's decoded bytes replace
+// chunks[j]. opened, when not nil, is set once the read is open, before
+// any byte lands.
+func (c *Checkpoint) readVerified(ctx context.Context, op *planner.ReadOp, segs, chunks [][]byte, opened *atomic.Bool) error {
+	tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks)), opened: opened}
+	if err := MissingObject(c.store.ReadRangeInto(ctx, op.Object, op.Offset, segs, tap)); err != nil {
+		return err
+	}
+	for j := range op.Chunks {
+		raw, err := c.verifyChunk(op, &op.Chunks[j], chunks[j], tap.crcs[j])
 		if err != nil {
-			return nil, err
+			return err
 		}
 		chunks[j] = raw
 	}
-	return chunks, nil
+	return nil
 }
 
 // chunkTap computes the CRC32C of every chunk of a read op from the pieces
 // of the read, in order (backend.Tap).
 type chunkTap struct {
-	op    *planner.ReadOp
-	crcs  []uint32
-	pos   int64 // bytes of the op seen so far
-	first int   // first chunk not yet complete (chunks are sorted by Start)
+	op     *planner.ReadOp
+	crcs   []uint32
+	pos    int64 // bytes of the op seen so far
+	first  int   // first chunk not yet complete (chunks are sorted by Start)
+	opened *atomic.Bool
 }
 
-func (t *chunkTap) Reset() { t.pos, t.first = 0, 0; clear(t.crcs) }
+// Reset is called once the read is open, before its first byte.
+func (t *chunkTap) Reset() {
+	t.pos, t.first = 0, 0
+	clear(t.crcs)
+	if t.opened != nil {
+		t.opened.Store(true)
+	}
+}
 
 func (t *chunkTap) Write(p []byte) (int, error) {
 	p0, p1 := t.pos, t.pos+int64(len(p))
@@ -408,7 +429,8 @@ type executor struct {
 	maxRead int64
 	pool    *bufpool.Pool
 
-	// touched is set once any target byte may have been written.
+	// touched is set once any target byte may have been written (a read
+	// into a target is open, or a buffered chunk is being copied).
 	touched atomic.Bool
 
 	mu   sync.Mutex
@@ -433,12 +455,12 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 		op := &ex.plan.Ops[i]
 		g.Go(func() error {
 			if fill {
-				if dst, ok := ex.directTarget(op); ok {
-					// Read straight into the target, the CRC computed as
-					// the bytes land: one copy, as a plain file read makes.
-					ex.touched.Store(true)
-					_, err := ex.c.readOp(gctx, op, dst)
-					return err
+				if segs, chunks, direct, ok := ex.scatter(op); ok {
+					// Every chunk goes straight into its target (gaps and
+					// chunks that cannot into a buffer, copied after), the
+					// CRC computed as the bytes land: one copy, as a plain
+					// file read makes.
+					return ex.readScattered(gctx, op, segs, chunks, direct)
 				}
 			}
 			buf, err := pool.Get(gctx, int(op.Length))
@@ -451,7 +473,7 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 				return err
 			}
 			ex.touched.Store(true)
-			return ex.applyOp(op, chunks)
+			return ex.applyOp(op, chunks, nil)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -463,15 +485,89 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 	return nil
 }
 
-// directTarget returns the target bytes an op can be read into directly:
-// the op is one raw chunk copied whole into one target whose bytes for it
-// are contiguous (a row shard into a row shard, say).
-func (ex *executor) directTarget(op *planner.ReadOp) ([]byte, bool) {
-	if len(op.Chunks) != 1 {
-		return nil, false
+// scatter plans reading op straight into the targets: segs are the
+// consecutive parts of the op's range (a target's bytes for a chunk, or a
+// part of a pool buffer for gaps and for chunks that cannot be read in
+// place), chunks[j] is where chunk j lands and direct[j] whether that is
+// its target. ok is false when no chunk can be read in place (or chunks
+// overlap): then the caller reads through a buffer.
+func (ex *executor) scatter(op *planner.ReadOp) (segs, chunks [][]byte, direct []bool, ok bool) {
+	direct = make([]bool, len(op.Chunks))
+	dsts := make([][]byte, len(op.Chunks))
+	var pos int64
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		if cr.Start < pos {
+			return nil, nil, nil, false
+		}
+		dsts[j], direct[j] = ex.chunkTarget(cr)
+		ok = ok || direct[j]
+		pos = cr.Start + cr.Length
 	}
-	cr := &op.Chunks[0]
-	if cr.Chunk < 0 || len(cr.Copies) != 1 || cr.Start != 0 || cr.Length != op.Length {
+	if !ok {
+		return nil, nil, nil, false
+	}
+	chunks = make([][]byte, len(op.Chunks))
+	pos = 0
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		if cr.Start > pos {
+			segs = append(segs, nil) // a gap, filled in by readScattered
+		}
+		if direct[j] {
+			chunks[j] = dsts[j]
+		}
+		segs = append(segs, chunks[j]) // nil: a buffered chunk
+		pos = cr.Start + cr.Length
+	}
+	if pos < op.Length {
+		segs = append(segs, nil)
+	}
+	return segs, chunks, direct, true
+}
+
+// readScattered reads op as scatter planned it: the nil segments (gaps
+// and buffered chunks) get pool buffers, in op order; chunks not read in
+// place are then copied into the targets.
+func (ex *executor) readScattered(ctx context.Context, op *planner.ReadOp, segs, chunks [][]byte, direct []bool) error {
+	if slices.ContainsFunc(segs, func(s []byte) bool { return s == nil }) {
+		// The nil segments get their bytes from one pool buffer laid out
+		// like the op's range.
+		buf, err := ex.pool.Get(ctx, int(op.Length))
+		if err != nil {
+			return err
+		}
+		defer ex.pool.Put(buf)
+		var pos int64
+		si := 0
+		for j := range op.Chunks {
+			cr := &op.Chunks[j]
+			if cr.Start > pos {
+				segs[si] = buf[pos:cr.Start]
+				si++
+			}
+			if !direct[j] {
+				segs[si] = buf[cr.Start : cr.Start+cr.Length]
+				chunks[j] = segs[si]
+			}
+			si++
+			pos = cr.Start + cr.Length
+		}
+		if pos < op.Length {
+			segs[si] = buf[pos:op.Length]
+		}
+	}
+	if err := ex.c.readVerified(ctx, op, segs, chunks, &ex.touched); err != nil {
+		return err
+	}
+	return ex.applyOp(op, chunks, direct)
+}
+
+// chunkTarget returns the target bytes a chunk can be read into in place:
+// a raw chunk copied whole into one target whose bytes for it are
+// contiguous (a row shard into a row shard, say).
+func (ex *executor) chunkTarget(cr *planner.ChunkRead) ([]byte, bool) {
+	if cr.Chunk < 0 || len(cr.Copies) != 1 {
 		return nil, false
 	}
 	te := &ex.c.md.Tensors[cr.Entry]
@@ -484,7 +580,7 @@ func (ex *executor) directTarget(op *planner.ReadOp) ([]byte, bool) {
 	dst := ex.targets[ref.rank].Tensors[ref.key]
 	start, n, ok := contiguous(dst.Offsets, dst.Sizes, cp.Offsets, cp.Sizes)
 	elem := metadata.ElementSize(te.DType)
-	if !ok || n*elem != op.Length {
+	if !ok || n*elem != cr.Length {
 		return nil, false
 	}
 	return dst.Data[start*elem : (start+n)*elem], true
@@ -520,7 +616,7 @@ func (ex *executor) applyAll(ctx context.Context, staged [][][]byte) error {
 	g.SetLimit(ex.conc)
 	for i := range ex.plan.Ops {
 		op := &ex.plan.Ops[i]
-		g.Go(func() error { return ex.applyOp(op, staged[i]) })
+		g.Go(func() error { return ex.applyOp(op, staged[i], nil) })
 	}
 	if err := g.Wait(); err != nil {
 		return err
@@ -529,11 +625,15 @@ func (ex *executor) applyAll(ctx context.Context, staged [][][]byte) error {
 	return nil
 }
 
-// applyOp copies one op's verified chunks into the target tensors; bytes
-// values are queued for applyBytes (maps are not safe for concurrent writes).
-func (ex *executor) applyOp(op *planner.ReadOp, chunks [][]byte) error {
+// applyOp copies one op's verified chunks into the target tensors, except
+// those marked in done (already read in place); bytes values are queued
+// for applyBytes (maps are not safe for concurrent writes).
+func (ex *executor) applyOp(op *planner.ReadOp, chunks [][]byte, done []bool) error {
 	md := ex.c.md
 	for j := range op.Chunks {
+		if done != nil && done[j] {
+			continue
+		}
 		cr := &op.Chunks[j]
 		src := chunks[j]
 		if cr.Chunk < 0 {

@@ -297,7 +297,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 			}
 			defer pool.Put(buf)
 			tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks))}
-			if err := MissingObject(c.store.ReadRangeTap(gctx, op.Object, op.Offset, buf, tap)); err != nil {
+			if err := MissingObject(c.store.ReadRangeInto(gctx, op.Object, op.Offset, [][]byte{buf}, tap)); err != nil {
 				return err
 			}
 			if progress != nil {
