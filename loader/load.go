@@ -42,9 +42,16 @@ type Options struct {
 	Frozen []string
 	// Concurrency bounds concurrent read requests (default 8).
 	Concurrency int
-	// MaxReadBytes caps one coalesced read (default 8 MiB, so the read
-	// buffers in flight stay near Concurrency x 8 MiB).
+	// MaxReadBytes caps one coalesced read that goes through a buffer
+	// (default 8 MiB, so the read buffers in flight stay near Concurrency x
+	// 8 MiB).
 	MaxReadBytes int64
+	// InPlaceReadBytes caps one ranged read whose every byte lands in place
+	// in the targets, so needs no buffer (default 64 MiB): consecutive such
+	// reads of an object are merged up to it, fewer and larger requests, as
+	// a plain read of the object makes; an object larger than it is still
+	// read by several requests in parallel.
+	InPlaceReadBytes int64
 	// Transactional makes a load that fails on a read or checksum error
 	// leave the targets exactly as they were, at the price of memory or a
 	// second read: up to StagingLimit of data is staged in memory (verified)
@@ -91,6 +98,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxReadBytes <= 0 {
 		o.MaxReadBytes = 8 << 20
+	}
+	if o.InPlaceReadBytes <= 0 {
+		o.InPlaceReadBytes = 64 << 20
 	}
 	if o.StagingLimit <= 0 {
 		o.StagingLimit = 512 << 20
@@ -221,7 +231,7 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
 
-	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency, maxRead: opts.MaxReadBytes}
+	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency, maxRead: opts.MaxReadBytes, inPlace: opts.InPlaceReadBytes}
 	mode := ModeDirect
 	switch {
 	case !opts.Transactional:
@@ -249,8 +259,11 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
 	reads, bytesRead := len(plan.Ops), plan.BytesRead
-	if mode == ModeVerifyThenCopy {
-		reads, bytesRead = 2*reads, 2*bytesRead
+	switch mode {
+	case ModeVerifyThenCopy:
+		reads, bytesRead = len(plan.Ops)+ex.requests, 2*bytesRead
+	case ModeDirect:
+		reads = ex.requests
 	}
 
 	rep := &Report{
@@ -427,7 +440,10 @@ type executor struct {
 	targets []*statedict.StateDict
 	conc    int
 	maxRead int64
+	inPlace int64 // cap of a merged in-place read (0: no merging)
 	pool    *bufpool.Pool
+	// requests counts the ranged reads of the last fill pass.
+	requests int
 
 	// touched is set once any target byte may have been written (a read
 	// into a target is open, or a buffered chunk is being copied).
@@ -451,8 +467,13 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 		ex.pool = bufpool.New(int(ex.maxRead)) // shared by both passes; ex.conc reads hold one each
 	}
 	pool := ex.pool
-	for i := range ex.plan.Ops {
-		op := &ex.plan.Ops[i]
+	ops := ex.plan.Ops
+	if fill {
+		ops = ex.mergeInPlace(ops)
+		ex.requests = len(ops)
+	}
+	for i := range ops {
+		op := &ops[i]
 		g.Go(func() error {
 			if fill {
 				if segs, chunks, direct, ok := ex.scatter(op); ok {
@@ -483,6 +504,52 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 		ex.applyBytes()
 	}
 	return nil
+}
+
+// mergeInPlace merges consecutive ops that read adjacent ranges of one
+// object and land wholly in place (every chunk into its target, no gap)
+// into reads of up to ex.inPlace bytes: without a buffer to bound, the
+// only reason to split them is parallelism.
+func (ex *executor) mergeInPlace(ops []planner.ReadOp) []planner.ReadOp {
+	if ex.inPlace <= 0 || len(ops) < 2 {
+		return ops
+	}
+	inPlace := func(op *planner.ReadOp) bool {
+		var pos int64
+		for j := range op.Chunks {
+			cr := &op.Chunks[j]
+			if cr.Start != pos {
+				return false
+			}
+			if _, ok := ex.chunkTarget(cr); !ok {
+				return false
+			}
+			pos += cr.Length
+		}
+		return pos == op.Length
+	}
+	out := make([]planner.ReadOp, 0, len(ops))
+	open := false // whether out's last op may take more
+	for i := range ops {
+		op := ops[i]
+		ok := inPlace(&op)
+		if n := len(out); open && ok && out[n-1].Object == op.Object && out[n-1].Offset+out[n-1].Length == op.Offset &&
+			out[n-1].Length+op.Length <= ex.inPlace {
+			last := &out[n-1]
+			for _, cr := range op.Chunks {
+				cr.Start += last.Length
+				last.Chunks = append(last.Chunks, cr)
+			}
+			last.Length += op.Length
+			continue
+		}
+		if ok {
+			op.Chunks = slices.Clone(op.Chunks) // appended to when merged
+		}
+		out = append(out, op)
+		open = ok
+	}
+	return out
 }
 
 // scatter plans reading op straight into the targets: segs are the

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
@@ -176,5 +177,39 @@ func TestDefaultLoadFailingFirstReadLeavesTargets(t *testing.T) {
 		for k, s := range sd.Tensors {
 			require.Equal(t, make([]byte, len(s.Data)), s.Data, "%s modified", k)
 		}
+	}
+}
+
+// Reads whose every chunk lands in place need no buffer, so the default
+// load merges consecutive ones of an object up to InPlaceReadBytes: one
+// request per object here, however small MaxReadBytes is, and the bytes
+// are the same. Report.ReadRequests counts the requests made.
+func TestDefaultLoadMergesInPlaceReads(t *testing.T) {
+	st, full := modesState(t, "onepass-merge")
+	for _, tc := range []struct {
+		name    string
+		inPlace int64
+		merged  bool
+	}{{"merged", 1 << 20, true}, {"capped", 1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			counter := instrument.Wrap(st.Driver())
+			targets := modesTargets(full, 3)
+			rep, err := loader.Load(context.Background(), st.WithDriver(counter), targets,
+				loader.Options{MaxReadBytes: 4096, InPlaceReadBytes: tc.inPlace, Logger: quiet()})
+			require.NoError(t, err)
+			for r, sd := range targets {
+				for k, s := range sd.Tensors {
+					require.Equal(t, statedict.RowShard(full[k], r, 3).Data, s.Data, "rank %d %s", r, k)
+				}
+			}
+			data := int(counter.Count(instrument.OpRead) - 1) // the metadata read
+			require.Equal(t, data, rep.ReadRequests)
+			if tc.merged {
+				require.Equal(t, 3, data, "one read per data object")
+			} else {
+				require.Greater(t, data, 3)
+			}
+			require.Equal(t, rep.BytesNeeded, rep.BytesRead)
+		})
 	}
 }

@@ -120,3 +120,23 @@ func withLoad(r Row) Row {
 	r.Note += "load average " + la
 	return r
 }
+
+// cpuNow returns the process's user and system CPU time so far
+// (getrusage): on a machine shared with other jobs the CPU a step burns is
+// steadier than its wall time, which includes waiting for a core.
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuRow is the CPU-time twin of a throughput row: MiB per CPU second of
+// the baseline and of ckptkit, measured in the same interleaved runs.
+func cpuRow(name string, n int64, base, ck []time.Duration, goal float64) Row {
+	r := throughputRow(name+", CPU time", n, base, ck, goal)
+	r.Unit = "MiB/CPU-s"
+	r.Note = "getrusage user+system of the process, same runs; steadier than wall time on a shared machine"
+	return withLoad(r)
+}

@@ -283,10 +283,12 @@ func benchFSLoad(ctx context.Context, cfg *config, specs []TensorSpec, dir strin
 		}); err != nil {
 			return nil, err
 		}
-		var base, par, ck []time.Duration
+		var base, par, ck, parCPU, ckCPU []time.Duration
 		var last loadResult
 		for i := 0; i < cfg.runs; i++ {
+			c0 := cpuNow()
 			d, n, err := parallelRead(files, bufs)
+			parCPU = append(parCPU, cpuNow()-c0)
 			if err != nil {
 				return nil, err
 			}
@@ -302,10 +304,12 @@ func benchFSLoad(ctx context.Context, cfg *config, specs []TensorSpec, dir strin
 				return nil, fmt.Errorf("data files hold %d bytes, want %d", n, total)
 			}
 			base = append(base, d)
+			c0 = cpuNow()
 			lr, err := loadOnce(ctx, dir, tg, v.opts)
 			if err != nil {
 				return nil, err
 			}
+			ckCPU = append(ckCPU, cpuNow()-c0)
 			ck = append(ck, lr.d)
 			last = lr
 		}
@@ -322,7 +326,11 @@ func benchFSLoad(ctx context.Context, cfg *config, specs []TensorSpec, dir strin
 		single := throughputRow(name+", vs one stream", total, base, ck, 0.8)
 		single.Goal, single.Met = "- (extra row)", nil
 		single.Note = "baseline: sequential page-cache read of the data files"
-		rows = append(rows, withLoad(row), withLoad(single))
+		cr := cpuRow(name, total, parCPU, ckCPU, 0.8)
+		if v.opts.Transactional {
+			cr.Goal, cr.Met = "- (extra row)", nil
+		}
+		rows = append(rows, withLoad(row), cr, withLoad(single))
 
 		amp := float64(last.rep.BytesRead) / float64(last.rep.BytesNeeded)
 		ar := Row{Figure: fmt.Sprintf("  read amplification %s", v.name), Unit: "x", Value: statp(newStat([]float64{amp})),
