@@ -145,7 +145,7 @@ func appendInts(b []byte, v []int64) []byte {
 func appendString(b []byte, s string) ([]byte, error) {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
-			q, err := gojson.MarshalNoEscape(s)
+			q, err := gojson.MarshalWithOption(s, gojson.DisableHTMLEscape())
 			if err != nil {
 				return nil, err
 			}

@@ -14,7 +14,7 @@ import (
 // encodings and nil slices included; and what it writes decodes back.
 func TestEncodeMatchesLibraryEncoder(t *testing.T) {
 	odd := []string{"model.plain", "model.q\"uote", "model.back\\slash", "model.ctl\x01\n\t", "model.é-ü-日本",
-		"model.bad\xff\xfeutf8", "model.<html>&", "model.sep\u2028\u2029", "model.del\x7f"}
+		"model.bad\xff\xfeutf8", "model.<html>&", "model.<q\"&>é", "model.sep\u2028\u2029", "model.del\x7f"}
 	c := &Checkpoint{
 		Format: FormatName, Version: VersionString(), Writer: "w \"x\" <y>", CreatedAt: time.Date(2026, 12, 1, 9, 0, 0, 123, time.UTC),
 		WorldSize: 2, Objects: []ObjectEntry{{Key: "rank-00000-000.data", Size: 1 << 40}},
