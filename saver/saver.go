@@ -415,8 +415,10 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 	}
 	results := make([]objCRC, len(mine))
 	var written atomic.Int64
-	// The whole-object CRC costs a second pass over the bytes; only
-	// backends that verify it server-side get one.
+	// The whole-object CRC is needed before the upload starts, so it costs
+	// a pass over the bytes of its own (with the item CRCs); only backends
+	// that verify it server-side get one. Otherwise the item CRCs are
+	// computed while the bytes are copied into the upload.
 	objectCRC := st.Capabilities().ServerCRC32C
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(opts.Concurrency)
@@ -432,8 +434,8 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				}
 				b := data[it.LocalIndex]
 				parts[j] = b
-				crcs[j] = crc32.Checksum(b, castagnoli)
 				if objectCRC {
+					crcs[j] = crc32.Checksum(b, castagnoli)
 					obj = crc32.Update(obj, castagnoli, b)
 				}
 				off += int64(len(b))
@@ -442,11 +444,21 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				return fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
 			}
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
+			src := newSlicesReader(parts)
 			if objectCRC {
 				po.CRC32C = &obj
+			} else {
+				// The item CRCs are computed while the upload copies the
+				// bytes, in cache-sized pieces: one pass over the source.
+				src.hashing()
 			}
-			if err := st.Put(gctx, w.Object, w.Size, newSlicesReader(parts), po); err != nil {
+			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
+			}
+			if !objectCRC {
+				for j := range parts {
+					crcs[j] = src.partCRC(j)
+				}
 			}
 			written.Add(w.Size)
 			results[i] = objCRC{items: crcs}
