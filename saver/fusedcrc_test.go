@@ -49,12 +49,23 @@ func (h *halfwayPut) ErrorCode(err error) backend.Code {
 // while the upload copies the bytes. A transient failure halfway through an
 // object rewinds the source and retries it: the CRCs in the metadata are
 // still those of the bytes, so a load (which checks every one) and a deep
-// verify pass.
+// verify pass, for a sync save and for an async one (staged pages, not
+// the items' slices, are uploaded).
 func TestItemCRCsSurviveARewoundUpload(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		name := "sync"
+		if async {
+			name = "async, staged pages"
+		}
+		t.Run(name, func(t *testing.T) { rewoundUpload(t, async) })
+	}
+}
+
+func rewoundUpload(t *testing.T, async bool) {
 	ctx := context.Background()
 	st := store(t)
 	src := make([]*statedict.StateDict, 2)
-	full := statedict.NewTensor(statedict.Float32, 512, 300) // > hashPiece per rank
+	full := statedict.NewTensor(statedict.Float32, 512, 300) // > 256 KiB per rank
 	for i := range full.Data {
 		full.Data[i] = byte(i*7 + i/1000)
 	}
@@ -65,8 +76,17 @@ func TestItemCRCsSurviveARewoundUpload(t *testing.T) {
 		src[r].Bytes["scheduler.last_epoch"] = []byte("3")
 	}
 	flaky := &halfwayPut{Driver: st.Driver(), failed: map[string]bool{}}
-	_, err := saver.SaveLocal(ctx, st.WithDriver(flaky), src, saver.Options{})
-	require.NoError(t, err)
+	if async {
+		sv, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: saver.MinStagingBytes})
+		require.NoError(t, err)
+		h, err := sv.SaveLocalAsync(ctx, st.WithDriver(flaky), src, saver.Options{})
+		require.NoError(t, err)
+		_, err = h.Wait(ctx)
+		require.NoError(t, err)
+	} else {
+		_, err := saver.SaveLocal(ctx, st.WithDriver(flaky), src, saver.Options{})
+		require.NoError(t, err)
+	}
 	require.Greater(t, flaky.attempts.Load(), int64(3), "the data objects were retried")
 
 	vr, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})

@@ -15,12 +15,14 @@ import (
 	"hash/crc32"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/coordinator"
@@ -112,13 +114,30 @@ type Result struct {
 // SaveLocal saves the statedicts of len(sds) ranks running as goroutines of
 // this process. It returns when the checkpoint is committed or has failed.
 func SaveLocal(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options) (*Result, error) {
+	return saveRanks(ctx, st, sds, opts, nil, func() {})
+}
+
+// saveRanks runs save for len(sds) in-process ranks and returns rank 0's
+// outcome (all ranks agree on it). staged is called once every rank has
+// called its own.
+func saveRanks(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options, stg *staging, staged func()) (*Result, error) {
 	coords := coordinator.NewLocal(len(sds))
 	results := make([]*Result, len(sds))
 	errs := make([]error, len(sds))
 	done := make(chan int, len(sds))
+	var pending atomic.Int64
+	pending.Store(int64(len(sds)))
+	rankStaged := func() {
+		if pending.Add(-1) == 0 {
+			staged()
+		}
+	}
+	if len(sds) == 0 {
+		staged()
+	}
 	for r := range sds {
 		go func(r int) {
-			results[r], errs[r] = Save(ctx, st, coords[r], sds[r], opts)
+			results[r], errs[r] = save(ctx, st, coords[r], sds[r], opts, stg, rankStaged)
 			done <- r
 		}(r)
 	}
@@ -271,10 +290,40 @@ type commitOutcome struct {
 // Save is one rank's part of a collective save: every rank of c calls it
 // with its own statedict. All ranks return the same outcome.
 func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options) (*Result, error) {
+	return save(ctx, st, c, sd, opts, nil, func() {})
+}
+
+// save is the one save algorithm, synchronous (stg nil: objects are written
+// straight from the caller's buffers) or staged (every object is copied
+// into stg's pool first, within its budget). staged is called exactly once,
+// when this rank no longer reads the caller's buffers: after its last
+// object is staged, or when the save fails before that.
+func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options, stg *staging, staged func()) (*Result, error) {
 	start := time.Now()
+	staged = sync.OnceFunc(staged)
+	defer staged()
 	opts.defaults()
 	rank := c.Rank()
 	local, data, err := localPlan(rank, sd, opts)
+	if stg != nil && err == nil {
+		// Objects of at most a writer's share of the budget, so each can
+		// stay staged until its Put returns (a retry rewinds it).
+		share := stg.pool.share(opts.Concurrency)
+		if caps := st.Capabilities(); caps.Multipart {
+			// An object store's SDK may hold a copy of a request body (a
+			// part buffer, a chunk, a body kept for signing): objects stay
+			// within one part, and each upload reserves its size again
+			// from the budget (see writeRank), so half of it at most.
+			share = min(share, stg.pool.budget/2)
+			if caps.PartSize > 0 {
+				share = min(share, caps.PartSize)
+			}
+		}
+		if opts.MaxObjectBytes <= 0 || opts.MaxObjectBytes > share {
+			opts.MaxObjectBytes = share
+		}
+		local, data = splitItems(local, data, share)
+	}
 
 	// 1. Gather the local plans (a failed rank still takes part, with its error).
 	vals, gerr := c.AllGather(ctx, localOutcome{plan: local, err: err})
@@ -297,7 +346,8 @@ func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 	}
 
 	// 3. Every rank writes its objects.
-	ro := writeRank(ctx, st, rank, out.plan, data, opts)
+	ro := writeRank(ctx, st, rank, out.plan, data, opts, stg, staged)
+	staged()
 	vals, gerr = c.AllGather(ctx, ro)
 	if gerr != nil {
 		return nil, fmt.Errorf("save %s: %w", st, gerr)
@@ -402,7 +452,12 @@ func checkUncommitted(ctx context.Context, st *backend.Store, opts Options) erro
 	return nil
 }
 
-func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.GlobalPlan, data [][]byte, opts Options) rankOutcome {
+// writeRank writes this rank's objects, at most opts.Concurrency at once.
+// When staging, objects are staged one after the other in plan order
+// (waiting for the budget as uploads drain it) and staged is called after
+// the last one; each upload holds its staged pages until its Put returns,
+// and starts once the gate opens.
+func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.GlobalPlan, data [][]byte, opts Options, stg *staging, staged func()) rankOutcome {
 	ro := rankOutcome{crcs: map[[2]int]uint32{}}
 	var mine []planner.RankWrites
 	for _, w := range gp.Writes {
@@ -410,72 +465,145 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			mine = append(mine, w)
 		}
 	}
-	type objCRC struct {
-		items []uint32
-	}
-	results := make([]objCRC, len(mine))
+	results := make([][]uint32, len(mine))
 	var written atomic.Int64
-	// The whole-object CRC is needed before the upload starts, so it costs
-	// a pass over the bytes of its own (with the item CRCs); only backends
-	// that verify it server-side get one. Otherwise the item CRCs are
-	// computed while the bytes are copied into the upload.
+	// The whole-object CRC costs a second pass over the bytes; only
+	// backends that verify it server-side get one.
 	objectCRC := st.Capabilities().ServerCRC32C
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(opts.Concurrency)
+	sdkCopy := st.Capabilities().Multipart // the upload may be copied once more
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(cctx)
+	uploads := semaphore.NewWeighted(int64(opts.Concurrency))
+	var stageErr error
 	for i, w := range mine {
+		parts, err := objectParts(st, w, data)
+		if err != nil {
+			stageErr = err
+			break
+		}
+		body, release := parts, func() {}
+		if stg != nil {
+			var reserve int64
+			if sdkCopy {
+				reserve = w.Size
+			}
+			if body, release, err = stg.pool.stage(gctx, w.Size, reserve, parts, stg.gate); err != nil {
+				stageErr = fmt.Errorf("save rank %d: stage %s: %w", rank, st.URL(w.Object), err)
+				break
+			}
+		}
 		g.Go(func() error {
-			parts := make([][]byte, len(w.Items))
-			crcs := make([]uint32, len(w.Items))
-			var obj uint32
-			var off int64
-			for j, it := range w.Items {
-				if it.Offset != off {
-					return fmt.Errorf("save %s: plan places %q at %d, expected %d", st.URL(w.Object), it.Key, it.Offset, off)
+			defer release()
+			if stg != nil {
+				// Uploads compete with staging for the processors: they wait
+				// until the save is staged, or staging waits for budget.
+				if err := stg.gate.wait(gctx); err != nil {
+					return fmt.Errorf("save rank %d: %s: %w", rank, st.URL(w.Object), err)
 				}
-				b := data[it.LocalIndex]
-				parts[j] = b
-				if objectCRC {
-					crcs[j] = crc32.Checksum(b, castagnoli)
+			}
+			if err := uploads.Acquire(gctx, 1); err != nil {
+				return fmt.Errorf("save rank %d: %s: %w", rank, st.URL(w.Object), err)
+			}
+			defer uploads.Release(1)
+			// CRCs of the bytes written (the staged copy when staging), here
+			// rather than while staging, which blocks the caller.
+			po := backend.PutOptions{ContentType: "application/octet-stream"}
+			src := newSlicesReader(body)
+			if objectCRC {
+				// Needed before the upload starts: a pass of its own.
+				results[i] = itemCRCs(body, w.Items)
+				var obj uint32
+				for _, b := range body {
 					obj = crc32.Update(obj, castagnoli, b)
 				}
-				off += int64(len(b))
-			}
-			if off != w.Size {
-				return fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
-			}
-			po := backend.PutOptions{ContentType: "application/octet-stream"}
-			src := newSlicesReader(parts)
-			if objectCRC {
 				po.CRC32C = &obj
 			} else {
-				// The item CRCs are computed while the upload copies the
-				// bytes, in cache-sized pieces: one pass over the source.
-				src.hashing()
+				// Computed while the upload copies the bytes, in
+				// cache-sized pieces: one pass over them.
+				lengths := make([]int64, len(w.Items))
+				for j, it := range w.Items {
+					lengths[j] = it.Length
+				}
+				src.hashing(lengths)
 			}
 			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			if !objectCRC {
-				for j := range parts {
-					crcs[j] = src.partCRC(j)
+				crcs, ok := src.itemCRCs()
+				if !ok { // not every byte went through this reader
+					crcs = itemCRCs(body, w.Items)
 				}
+				results[i] = crcs
 			}
 			written.Add(w.Size)
-			results[i] = objCRC{items: crcs}
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
+	if stg != nil {
+		// Uploads now read only staged pages: the caller may reuse its buffers.
+		clear(data)
+		staged()
+	}
+	if stageErr != nil {
+		cancel()
+	}
+	err := g.Wait()
+	switch {
+	case stageErr == nil:
+	case err == nil, ctx.Err() == nil && !errors.Is(stageErr, context.Canceled):
+		// A staging failure of its own: the uploads it cancelled only echo it.
+		err = stageErr
+	}
+	if err != nil {
 		ro.err = err
 		return ro
 	}
 	for i, w := range mine {
 		for j, it := range w.Items {
-			ro.crcs[[2]int{it.Entry, it.Chunk}] = results[i].items[j]
+			ro.crcs[[2]int{it.Entry, it.Chunk}] = results[i][j]
 		}
 	}
 	ro.written = written.Load()
 	return ro
+}
+
+// objectParts returns the byte slices of object w's items in order.
+func objectParts(st *backend.Store, w planner.RankWrites, data [][]byte) ([][]byte, error) {
+	parts := make([][]byte, len(w.Items))
+	var off int64
+	for j, it := range w.Items {
+		if it.Offset != off {
+			return nil, fmt.Errorf("save %s: plan places %q at %d, expected %d", st.URL(w.Object), it.Key, it.Offset, off)
+		}
+		parts[j] = data[it.LocalIndex]
+		off += int64(len(parts[j]))
+	}
+	if off != w.Size {
+		return nil, fmt.Errorf("save %s: plan size %d, items hold %d bytes", st.URL(w.Object), w.Size, off)
+	}
+	return parts, nil
+}
+
+// itemCRCs returns the CRC32C of each item of an object whose bytes are
+// body's slices back to back (the items' slices, or staging pages).
+func itemCRCs(body [][]byte, items []planner.WriteItem) []uint32 {
+	crcs := make([]uint32, len(items))
+	var cur []byte
+	for j, it := range items {
+		var crc uint32
+		for n := it.Length; n > 0; {
+			for len(cur) == 0 {
+				cur, body = body[0], body[1:]
+			}
+			c := min(n, int64(len(cur)))
+			crc = crc32.Update(crc, castagnoli, cur[:c])
+			cur, n = cur[c:], n-c
+		}
+		crcs[j] = crc
+	}
+	return crcs
 }
 
 func commit(ctx context.Context, st *backend.Store, gp *planner.GlobalPlan, vals []any, opts Options) commitOutcome {

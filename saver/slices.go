@@ -4,15 +4,17 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"sort"
 )
 
 // slicesReader reads a sequence of byte slices back to back without copying
 // them into one buffer. It is an io.Seeker so the Store can rewind it to
 // retry a transient upload failure.
 //
-// With hashing on, it also computes each part's CRC32C while copying it, in
-// pieces small enough to still be in the cache (no second pass over the
-// source): partCRC returns it.
+// With hashing on, it also computes the CRC32C of each item (consecutive
+// byte ranges of given lengths, independent of how the bytes are split
+// into parts) while copying them, in pieces small enough to still be in
+// the cache: no second pass over the source.
 type slicesReader struct {
 	parts [][]byte
 	size  int64
@@ -20,28 +22,55 @@ type slicesReader struct {
 	idx   int   // part holding pos
 	off   int64 // pos within parts[idx]
 
-	hashed []int64  // per part: bytes [0, hashed) are in crcs (nil: no hashing)
-	crcs   []uint32 // per part: CRC32C of its first hashed bytes
+	ends   []int64  // per item: its end in the stream (nil: no hashing)
+	hashed []int64  // per item: the stream position up to which crcs covers it
+	crcs   []uint32 // per item: CRC32C of its bytes up to hashed
 }
 
 // hashPiece is the most Read copies before hashing what it copied.
 const hashPiece = 256 << 10
 
-// hashing turns on the CRC32C of each part, computed as it is read.
-func (r *slicesReader) hashing() *slicesReader {
-	r.hashed = make([]int64, len(r.parts))
-	r.crcs = make([]uint32, len(r.parts))
+// hashing turns on the CRC32C of items of the given lengths, back to back,
+// computed as they are read.
+func (r *slicesReader) hashing(lengths []int64) *slicesReader {
+	r.ends = make([]int64, len(lengths))
+	r.hashed = make([]int64, len(lengths))
+	r.crcs = make([]uint32, len(lengths))
+	var end int64
+	for k, n := range lengths {
+		r.hashed[k] = end
+		end += n
+		r.ends[k] = end
+	}
 	return r
 }
 
-// partCRC returns part j's CRC32C: the one computed while it was read when
-// it was read whole, otherwise (never read, or read with a gap after a
-// seek) computed now.
-func (r *slicesReader) partCRC(j int) uint32 {
-	if r.hashed != nil && r.hashed[j] == int64(len(r.parts[j])) {
-		return r.crcs[j]
+// itemCRCs returns each item's CRC32C and true when every item was read
+// whole since hashing began (false: compute them another way).
+func (r *slicesReader) itemCRCs() ([]uint32, bool) {
+	for k := range r.ends {
+		if r.hashed[k] != r.ends[k] {
+			return nil, false
+		}
 	}
-	return crc32.Checksum(r.parts[j], castagnoli)
+	return r.crcs, true
+}
+
+// hash adds b, the stream's bytes at pos, to the items it belongs to,
+// skipping bytes already hashed (a rewound read copies them again; they
+// have not changed).
+func (r *slicesReader) hash(pos int64, b []byte) {
+	end := pos + int64(len(b))
+	for k := sort.Search(len(r.ends), func(k int) bool { return r.ends[k] > pos }); k < len(r.ends); k++ {
+		if h := r.hashed[k]; h >= pos && h < end {
+			to := min(end, r.ends[k])
+			r.crcs[k] = crc32.Update(r.crcs[k], castagnoli, b[h-pos:to-pos])
+			r.hashed[k] = to
+		}
+		if r.ends[k] >= end {
+			break
+		}
+	}
 }
 
 func newSlicesReader(parts [][]byte) *slicesReader {
@@ -56,17 +85,12 @@ func (r *slicesReader) Read(p []byte) (int, error) {
 	n := 0
 	for n < len(p) && r.idx < len(r.parts) {
 		src := r.parts[r.idx][r.off:]
-		if r.hashed != nil && len(src) > hashPiece {
+		if r.ends != nil && len(src) > hashPiece {
 			src = src[:hashPiece]
 		}
 		c := copy(p[n:], src)
-		if r.hashed != nil {
-			// Hash the bytes beyond those already hashed (a rewound
-			// read copies them again; they have not changed).
-			if h := r.hashed[r.idx]; h >= r.off && h < r.off+int64(c) {
-				r.crcs[r.idx] = crc32.Update(r.crcs[r.idx], castagnoli, p[n+int(h-r.off):n+c])
-				r.hashed[r.idx] = r.off + int64(c)
-			}
+		if r.ends != nil {
+			r.hash(r.pos, p[n:n+c])
 		}
 		n += c
 		r.off += int64(c)

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -56,10 +57,15 @@ var exitCodes = map[ckpterr.Class]int{
 	ckpterr.Canceled:      130,
 }
 
-// exitCode returns the process exit code of a command's error.
+// exitCode returns the process exit code of a command's error: the one it
+// names itself (a preempted train: 128 + the signal), else its class's.
 func exitCode(err error) int {
 	if err == nil {
 		return 0
+	}
+	var own interface{ ExitCode() int }
+	if errors.As(err, &own) {
+		return own.ExitCode()
 	}
 	return exitCodes[ckpterr.ClassOf(err)]
 }
@@ -67,9 +73,13 @@ func exitCode(err error) int {
 func main() {
 	// SIGINT/SIGTERM cancel every command's context; the exit code is then
 	// 130/143 (see signals.go).
+	os.Exit(runMain(os.Args[1:]))
+}
+
+// runMain is main without the exit: run under the process's interrupt.
+func runMain(args []string) int {
 	ctx, in := withInterrupt(context.Background(), os.Stderr)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	os.Exit(in.stop(code))
+	return in.stop(run(ctx, args, os.Stdout, os.Stderr))
 }
 
 // run executes the ckpt command line args and returns the exit code.

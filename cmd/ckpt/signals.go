@@ -18,11 +18,36 @@ import (
 // SIGINT, 143 for SIGTERM), whatever the command returned. A second signal
 // exits at once, with the same code.
 type interrupt struct {
-	mu     sync.Mutex
-	sig    os.Signal // the first signal, nil until one arrives
-	ch     chan os.Signal
-	stderr io.Writer
-	exit   func(int)
+	mu      sync.Mutex
+	sig     os.Signal // the first signal, nil until one arrives
+	claimed func(os.Signal)
+	ch      chan os.Signal
+	stderr  io.Writer
+	exit    func(int)
+}
+
+type interruptKey struct{}
+
+// interruptOf returns the interrupt watching ctx's process, or nil (a
+// command run in-process, by a test).
+func interruptOf(ctx context.Context) *interrupt {
+	in, _ := ctx.Value(interruptKey{}).(*interrupt)
+	return in
+}
+
+// claimFirst makes a first signal call f instead of cancelling the root
+// context, until release is called: a command that stops gracefully on
+// its own (ckpt train saves the current step) takes the first signal,
+// while a second one still exits at once.
+func (in *interrupt) claimFirst(f func(os.Signal)) (release func()) {
+	in.mu.Lock()
+	in.claimed = f
+	in.mu.Unlock()
+	return func() {
+		in.mu.Lock()
+		in.claimed = nil
+		in.mu.Unlock()
+	}
 }
 
 // interruptSignals are the signals that interrupt a command.
@@ -33,6 +58,7 @@ var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM}
 func withInterrupt(parent context.Context, stderr io.Writer) (context.Context, *interrupt) {
 	ctx, cancel := context.WithCancelCause(parent)
 	in := &interrupt{ch: make(chan os.Signal, 2), stderr: stderr, exit: os.Exit}
+	ctx = context.WithValue(ctx, interruptKey{}, in)
 	signal.Notify(in.ch, interruptSignals...)
 	go func() {
 		for s := range in.ch {
@@ -41,7 +67,13 @@ func withInterrupt(parent context.Context, stderr io.Writer) (context.Context, *
 			if first {
 				in.sig = s
 			}
+			claimed := in.claimed
 			in.mu.Unlock()
+			if first && claimed != nil {
+				fmt.Fprintf(stderr, "ckpt: %s: finishing gracefully (a second signal exits at once)\n", signalName(s))
+				claimed(s)
+				continue
+			}
 			if first {
 				fmt.Fprintf(stderr, "ckpt: %s: stopping (a second signal exits at once)\n", signalName(s))
 				cancel(fmt.Errorf("interrupted by %s: %w", signalName(s), context.Canceled))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
@@ -26,6 +27,11 @@ type trainFlags struct {
 	json        bool
 	noSaveOptim bool
 	noLoadOptim bool
+	// Async saves and preemption (trainsave.go, preempt.go).
+	async        bool
+	stateSize    string
+	stagingBytes string
+	preemptGrace time.Duration
 }
 
 // trainResult is the final JSON object of `ckpt train --json`.
@@ -41,12 +47,16 @@ type trainResult struct {
 	Ranks               int      `json:"ranks"`
 	Checkpoints         []string `json:"checkpoints"`
 	SaveSeconds         float64  `json:"save_seconds"`
+	SaveStallSeconds    float64  `json:"save_stall_seconds"`
+	StagingPeakBytes    int64    `json:"staging_peak_bytes"`
+	StateBytes          int64    `json:"state_bytes"`
+	Preempted           string   `json:"preempted,omitempty"`
 }
 
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train --url URL --steps N --save-every K [--ranks R] [--resume]",
+		Use:   "train --url URL --steps N --save-every K [--ranks R] [--resume] [--async] [--state-size SIZE]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -54,7 +64,20 @@ with parameters and AdamW state sharded over R simulated ranks. A checkpoint
 is written to URL/step-<8-digit step>/ every K steps. --resume continues from
 the newest committed, valid checkpoint under URL up to step N (N is always the
 total step count). The same seed gives the same weights_sha256 for any R and
-any mix of interruption and resume.`,
+any mix of interruption and resume, sync or async.
+
+--state-size adds a ballast parameter (trained on an L2 penalty, so it and
+its AdamW state change at every step) that makes the checkpoint about SIZE.
+--async saves in the background: the loop blocks only while the state is
+copied into a staging pool of at most --staging-bytes (a larger state is
+staged in pieces as the writes drain them), and a save waits for the
+previous one to commit.
+
+SIGTERM or SIGINT: the step under way finishes, the in-flight save may
+commit (for at most --preempt-grace), the current step is saved
+synchronously, its URL is printed and ckpt exits 143 (SIGTERM) or 130
+(SIGINT). A second signal aborts at once; nothing half-written is ever
+committed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd.Context(), cmd, f) },
 	}
@@ -68,12 +91,24 @@ any mix of interruption and resume.`,
 	fl.BoolVar(&f.json, "json", false, "print one JSON object as the last line")
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
 	fl.BoolVar(&f.noLoadOptim, "no-load-optim", false, "do not load optimizer state on resume (iteration and scheduler are still restored)")
+	fl.BoolVar(&f.async, "async", false, "save in the background, within the --staging-bytes budget")
+	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter; "+bytesize.Rule)
+	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once; "+bytesize.Rule)
+	fl.DurationVar(&f.preemptGrace, "preempt-grace", 30*time.Second, "on SIGTERM/SIGINT, how long the in-flight save may take to commit")
 	return cmd
 }
 
 func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.steps < 0 || f.saveEvery < 0 || f.ranks < 1 {
 		return usage(fmt.Errorf("--steps and --save-every must be >= 0 and --ranks >= 1"))
+	}
+	stateSize, err := bytesize.Parse(f.stateSize)
+	if err != nil {
+		return usage(fmt.Errorf("--state-size: %w", err))
+	}
+	stagingBytes, err := bytesize.Parse(f.stagingBytes)
+	if err != nil {
+		return usage(fmt.Errorf("--staging-bytes: %w", err))
 	}
 	run, err := backend.Open(ctx, f.url)
 	if err != nil {
@@ -85,7 +120,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...)
 		}
 	}
-	tr := trainer.New(f.seed)
+	tr := trainer.NewSized(f.seed, stateSize)
 	res := trainResult{Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
@@ -128,32 +163,24 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 	}
 
-	var saveTime time.Duration
-	for tr.Iteration() < f.steps {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(res.Checkpoints), context.Cause(ctx))
-		}
-		loss := tr.Step()
-		step := tr.Iteration()
-		res.Loss = loss
-		if f.saveEvery > 0 && step%f.saveEvery == 0 {
-			st, err := run.Sub(catalog.StepName(step))
-			if err != nil {
-				return err
-			}
-			sr, err := saver.SaveLocal(ctx, st, tr.StateDicts(f.ranks, !f.noSaveOptim), saver.Options{
-				Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true,
-				Params: tr.Trainable(),
-			})
-			if err != nil {
-				return err
-			}
-			saveTime += sr.Duration
-			res.Checkpoints = append(res.Checkpoints, sr.URL)
-			logf("step %d loss %.6f lr %g: saved %s (%d bytes, %d objects, %s)", step, loss, tr.LR(), sr.URL, sr.BytesWritten, len(sr.Metadata.Objects), sr.Duration.Round(time.Millisecond))
-		} else {
-			logf("step %d loss %.6f lr %g", step, loss, tr.LR())
-		}
+	ckp, err := newCheckpointer(run, f, stagingBytes, func(step int64) saver.Options {
+		return saver.Options{Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true, Params: tr.Trainable()}
+	}, logf)
+	if err != nil {
+		return err
+	}
+	loopErr := trainLoop(ctx, f, tr, ckp, &res, logf)
+	res.Checkpoints = ckp.checkpoints
+	res.SaveSeconds = ckp.saveTime.Seconds()
+	res.SaveStallSeconds = ckp.stall.Seconds()
+	res.StagingPeakBytes = ckp.stagingPeak()
+	// A preempted run still reports (its error, printed by run, says where
+	// the current step was saved).
+	var pe *preemptedError
+	if errors.As(loopErr, &pe) {
+		res.Preempted = signalName(pe.sig)
+	} else if loopErr != nil {
+		return loopErr
 	}
 	res.Step = tr.Iteration()
 	if res.Loss == 0 {
@@ -161,12 +188,57 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	}
 	res.LR = tr.LR()
 	res.WeightsSHA256 = tr.WeightsSHA256()
-	res.SaveSeconds = saveTime.Seconds()
-	if f.json {
-		return writeJSON(cmd.OutOrStdout(), res)
+	for _, sd := range tr.StateViews(1, !f.noSaveOptim) {
+		for _, t := range sd.Tensors {
+			res.StateBytes += int64(len(t.Data))
+		}
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "step %d loss %.6f lr %g weights_sha256 %s\n", res.Step, res.Loss, res.LR, res.WeightsSHA256)
-	return nil
+	if f.json {
+		if err := writeJSON(cmd.OutOrStdout(), res); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(cmd.OutOrStdout(), "step %d loss %.6f lr %g weights_sha256 %s\n", res.Step, res.Loss, res.LR, res.WeightsSHA256)
+	}
+	return loopErr
+}
+
+// trainLoop trains up to --steps, saving every --save-every steps through
+// ckp; on SIGTERM/SIGINT it stops after the step under way and returns a
+// *preemptedError once the current step is saved (see preempt.go).
+func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *checkpointer, res *trainResult, logf func(string, ...any)) error {
+	ctx, pre := watchPreemption(ctx)
+	defer pre.stop()
+	for tr.Iteration() < f.steps && !pre.pending() {
+		if err := ctx.Err(); err != nil {
+			// A signal that came before train claimed it (or the caller's
+			// cancellation): stop without saving.
+			return fmt.Errorf("training stopped after step %d of %d (%s): %w", tr.Iteration(), f.steps, lastSaved(ckp.checkpoints), context.Cause(ctx))
+		}
+		if err := ckp.poll(ctx); err != nil {
+			return err
+		}
+		loss := tr.Step()
+		step := tr.Iteration()
+		res.Loss = loss
+		if f.saveEvery > 0 && step%f.saveEvery == 0 {
+			if err := ckp.save(ctx, tr); err != nil {
+				if pre.pending() {
+					return &preemptedError{sig: pre.signal(), step: step, aborted: err}
+				}
+				return err
+			}
+		} else {
+			logf("step %d loss %.6f lr %g", step, loss, tr.LR())
+		}
+	}
+	if pre.pending() {
+		pe := &preemptedError{sig: pre.signal(), step: tr.Iteration()}
+		logf("%s: stopping at step %d", signalName(pe.sig), pe.step)
+		pe.saved, pe.aborted = ckp.preempt(ctx, tr, f.preemptGrace)
+		return pe
+	}
+	return ckp.finish(ctx)
 }
 
 // lastSaved says which checkpoint an interrupted run can resume from.

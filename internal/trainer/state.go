@@ -41,15 +41,30 @@ func OptimizerKey(fqn, slot string) string { return statedict.StateKey(Optimizer
 // and the JSON byte values replicated on every rank. Optimizer state keys
 // exist only for parameters that have state. Data are copies.
 func (t *Trainer) StateDicts(world int, withOptimizer bool) []*statedict.StateDict {
+	return t.stateDicts(world, withOptimizer, true)
+}
+
+// StateViews is StateDicts without copies: every tensor's Data is the
+// trainer's own memory (on little-endian hosts; a copy elsewhere), valid
+// until the next Step or Restore, which change it in place. Byte values are
+// fresh. It is what a save reads: a synchronous save is done before the next
+// step, an asynchronous one has staged (copied) the bytes when it returns.
+func (t *Trainer) StateViews(world int, withOptimizer bool) []*statedict.StateDict {
+	return t.stateDicts(world, withOptimizer, false)
+}
+
+func (t *Trainer) stateDicts(world int, withOptimizer, copyData bool) []*statedict.StateDict {
 	out := make([]*statedict.StateDict, world)
 	for r := range out {
 		out[r] = statedict.New()
 	}
 	put := func(key string, shape []int64, v []float32) {
-		tensor := &statedict.Tensor{DType: statedict.Float32, Shape: shape, Data: f32Bytes(v)}
+		tensor := &statedict.Tensor{DType: statedict.Float32, Shape: shape, Data: f32View(v)}
 		for r, sd := range out {
 			if s := statedict.RowShard(tensor, r, world); s.NumElements() > 0 {
-				s.Data = slices.Clone(s.Data)
+				if copyData {
+					s.Data = slices.Clone(s.Data)
+				}
 				sd.Tensors[key] = s
 			}
 		}
@@ -210,7 +225,7 @@ func assemble(targets []*statedict.StateDict, key string, shape []int64) ([]floa
 		rowElems *= d
 	}
 	out := make([]float32, n)
-	covered := make([]int, n)
+	covered := make([]uint8, n) // saturates at 255: only 1 is valid anyway
 	found := false
 	for r, sd := range targets {
 		s, ok := sd.Tensors[key]
@@ -240,7 +255,7 @@ func assemble(targets []*statedict.StateDict, key string, shape []int64) ([]floa
 				continue
 			}
 			out[lo+i] = v
-			covered[lo+i]++
+			covered[lo+i] = min(covered[lo+i], 254) + 1
 		}
 	}
 	if !found {

@@ -39,6 +39,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"unsafe"
 )
 
 // Model dimensions and training constants.
@@ -61,6 +62,18 @@ const (
 	streamInit    = 0x696e6974 // "init"
 	streamTeacher = 0x74656163 // "teac"
 	streamBatch   = 0x62617463 // "batc"; the step number is mixed in
+	streamBallast = 0x62616c6c // "ball"
+)
+
+// The ballast scales the state (NewSized): a [rows, BallastWidth] float32
+// parameter BallastName, trained on the penalty BallastPenalty/2 * |w|^2
+// alone (gradient BallastPenalty * w, dense), so it never touches the
+// model's output or loss, and every element of it and of its AdamW state
+// changes at every step.
+const (
+	BallastName    = "ballast.weight"
+	BallastWidth   = 1024
+	BallastPenalty = 0.5
 )
 
 // param is one trainable parameter and its gradient for the current step.
@@ -89,7 +102,18 @@ type Trainer struct {
 // uniform in [-1/sqrt(in), 1/sqrt(in)) (like PyTorch's default), the norm
 // scale is 1 and its shift 0; all drawn from PCG(seed, "init") in the order
 // embed, experts.0, experts.1, head (weight then bias).
-func New(seed uint64) *Trainer {
+func New(seed uint64) *Trainer { return NewSized(seed, 0) }
+
+// BallastRows is the number of ballast rows NewSized adds for a state of
+// about stateBytes bytes: parameter, exp_avg and exp_avg_sq take 12 bytes
+// per element. 0 for stateBytes below one row's state.
+func BallastRows(stateBytes int64) int64 { return stateBytes / (12 * BallastWidth) }
+
+// NewSized is New with a ballast parameter of BallastRows(stateBytes) rows
+// (none for 0), uniform in [-1, 1) from PCG(seed, "ball"), so that a
+// checkpoint with optimizer state is about stateBytes bytes. The model's
+// own parameters, batches and losses are those of New(seed).
+func NewSized(seed uint64, stateBytes int64) *Trainer {
 	t := &Trainer{seed: seed, byName: map[string]*param{}, opt: newAdamW(), sched: newStepLR()}
 	t.opt.lr = t.sched.lr()
 	rng := rand.NewPCG(seed, streamInit)
@@ -114,6 +138,13 @@ func New(seed uint64) *Trainer {
 		linear("experts."+string(rune('0'+e)), Hidden, Hidden)
 	}
 	linear("head", 1, Hidden)
+	if rows := BallastRows(stateBytes); rows > 0 {
+		b := t.add(BallastName, rows, BallastWidth)
+		brng := rand.NewPCG(seed, streamBallast)
+		for i := range b.data {
+			b.data[i] = uniform(brng)
+		}
+	}
 	sort.Slice(t.params, func(i, j int) bool { return t.params[i].name < t.params[j].name })
 
 	trng := rand.NewPCG(seed, streamTeacher)
@@ -231,7 +262,9 @@ func (t *Trainer) Step() float32 {
 	step := t.iteration + 1
 	xs, ys := t.Batch(step)
 	for _, p := range t.params {
-		clear(p.grad)
+		if p.name != BallastName { // its gradient is overwritten below
+			clear(p.grad)
+		}
 		p.hasGrad = false
 	}
 	p := t.byName
@@ -287,6 +320,12 @@ func (t *Trainer) Step() float32 {
 	for _, q := range []*param{ew, eb, nw, nb, hw, hb} {
 		q.hasGrad = true
 	}
+	if b := p[BallastName]; b != nil {
+		for i, v := range b.data {
+			b.grad[i] = float32(BallastPenalty * v)
+		}
+		b.hasGrad = true
+	}
 	loss /= BatchSize
 	t.opt.step(t.params)
 	t.sched.step()
@@ -316,7 +355,7 @@ func (t *Trainer) Seed() uint64 { return t.seed }
 func (t *Trainer) WeightsSHA256() string {
 	h := sha256.New()
 	for _, p := range t.params {
-		h.Write(f32Bytes(p.data))
+		h.Write(f32View(p.data))
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -361,6 +400,22 @@ func (t *Trainer) PrunedOptimizerParams() []string {
 		}
 	}
 	return out
+}
+
+// littleEndian is whether float32 memory already is its little-endian
+// encoding.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// f32View returns v's little-endian bytes: v's own memory on little-endian
+// hosts, a copy elsewhere.
+func f32View(v []float32) []byte {
+	if !littleEndian {
+		return f32Bytes(v)
+	}
+	if len(v) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
 }
 
 // f32Bytes encodes v as little-endian bytes (a copy).

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -209,4 +210,52 @@ func TestStateDictShardsTile(t *testing.T) {
 	assert.Equal(t, []int64{4, 8}, sds[0].Tensors[ModelKey("embed.weight")].Sizes)
 	assert.Equal(t, []int64{12, 0}, sds[3].Tensors[ModelKey("embed.weight")].Offsets)
 	assert.JSONEq(t, "[0.9,0.999]", string(sds[2].Bytes[KeyBetas]))
+}
+
+// A sized trainer adds the ballast: the state is about the asked size, the
+// model trains exactly as without it, and every element of the ballast and
+// of its optimizer state changes at every step.
+func TestSizedTrainerBallast(t *testing.T) {
+	const size = 12 << 20
+	tr := NewSized(5, size)
+	require.Equal(t, []int64{BallastRows(size), BallastWidth}, tr.ParamShape(BallastName))
+	plain := New(5)
+	for range 3 {
+		require.Equal(t, plain.Step(), tr.Step(), "the ballast does not touch the model's loss")
+	}
+	var n int64
+	for _, s := range tr.StateDicts(1, true)[0].Tensors {
+		n += int64(len(s.Data))
+	}
+	require.InDelta(t, size, n, 64<<10)
+
+	before := tr.StateDicts(1, true)[0]
+	tr.Step()
+	after := tr.StateViews(1, true)[0]
+	for _, slot := range []string{ModelKey(BallastName), OptimizerKey(BallastName, SlotExpAvg), OptimizerKey(BallastName, SlotExpAvgSq)} {
+		b, a := before.Tensors[slot].Data, after.Tensors[slot].Data
+		for i := 0; i < len(a); i += 4 {
+			require.NotEqual(t, b[i:i+4], a[i:i+4], "%s element %d did not change", slot, i/4)
+		}
+	}
+}
+
+// StateViews alias the trainer's memory (a step changes them in place);
+// StateDicts are copies. Both restore to the same trainer, at any world.
+func TestStateViewsAliasTheTrainer(t *testing.T) {
+	tr := train(NewSized(9, 1<<20), 8)
+	views := tr.StateViews(3, true)
+	copies := tr.StateDicts(3, true)
+	key := ModelKey("embed.weight")
+	require.Equal(t, copies[0].Tensors[key].Data, views[0].Tensors[key].Data)
+	targets, pruned := targetsFrom(t, tr, views, 3, true)
+	dst := NewSized(9, 1<<20)
+	require.NoError(t, dst.Restore(targets, tr.Iteration(), pruned, true))
+	require.Equal(t, tr.WeightsSHA256(), dst.WeightsSHA256())
+
+	snap := slices.Clone(views[0].Tensors[key].Data)
+	tr.Step()
+	require.NotEqual(t, snap, views[0].Tensors[key].Data, "a view follows the trainer")
+	require.Equal(t, snap, copies[0].Tensors[key].Data, "a copy does not")
+	require.Equal(t, train(dst, 1).WeightsSHA256(), tr.WeightsSHA256())
 }

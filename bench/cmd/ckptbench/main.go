@@ -10,7 +10,9 @@
 //     CKPTKIT_TEST_GCS_URL are set;
 //   - metadata scale (planning, encode, decode, load planning, coverage at
 //     10k/100k/1M entries);
-//   - peak RSS and heap above the data buffers during save and load.
+//   - peak RSS and heap above the data buffers during save and load;
+//   - sync vs async saves (stall per save, save time, peak RSS above the
+//     state, 100 consecutive async saves) on fs and the S3 test server.
 //
 // Every timed figure is the median of --runs runs with min and max, and is
 // reported as a ratio against a baseline measured in the same run.
@@ -71,6 +73,8 @@ func main() {
 	switch {
 	case len(args) > 0 && args[0] == "mem-phase":
 		err = runMemPhase(args[1:])
+	case len(args) > 0 && args[0] == "async-phase":
+		err = runAsyncPhase(args[1:])
 	case len(args) > 0 && args[0] == "dcp":
 		err = runDCP(args[1:])
 	case len(args) > 0 && args[0] == "spec":
@@ -102,7 +106,7 @@ func runBench(args []string) error {
 	jsonPath := fs.String("json", "bench/results.json", "where to write the results as JSON (empty: do not)")
 	metaS := fs.String("meta-sizes", "10000,100000,1000000", "metadata entry counts")
 	prof := fs.String("profile-dir", "", "write CPU profiles of the largest metadata size here")
-	only := fs.String("only", "", "comma-separated figures to run: save,load,remote,meta,mem (default all)")
+	only := fs.String("only", "", "comma-separated figures to run: save,load,remote,meta,mem,async (default all)")
 	memLim := fs.Bool("memlimit-variant", true, "also measure loads with GOMEMLIMIT just above the buffers")
 	verbose := fs.Bool("v", true, "log progress to stderr")
 	mdPath := fs.String("markdown", "", "also write the table as Markdown to this file")
@@ -187,6 +191,13 @@ func runBench(args []string) error {
 	}
 	if cfg.want("mem") {
 		rows, err := benchMemory(ctx, cfg, ckptDir)
+		if err != nil {
+			return err
+		}
+		res.Rows = append(res.Rows, rows...)
+	}
+	if cfg.want("async") {
+		rows, err := benchAsync(ctx, cfg)
 		if err != nil {
 			return err
 		}

@@ -145,12 +145,7 @@ func runMemPhase(args []string) error {
 	default:
 		return fmt.Errorf("mem-phase: unknown op %q", *op)
 	}
-	runtime.GC()
-	debug.FreeOSMemory()
-	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
-		return fmt.Errorf("reset peak RSS: %w", err)
-	}
-	if res.BaseRSS, err = procStatusKB("VmRSS"); err != nil {
+	if res.BaseRSS, err = resetPeakRSS(); err != nil {
 		return err
 	}
 	res.BaseHeap = heapObjects()
@@ -165,25 +160,43 @@ func runMemPhase(args []string) error {
 	return json.NewEncoder(os.Stdout).Encode(res)
 }
 
+// resetPeakRSS collects garbage, returns free memory to the OS, resets
+// VmHWM and returns the RSS from which a phase's peak is measured.
+func resetPeakRSS() (int64, error) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		return 0, fmt.Errorf("reset peak RSS: %w", err)
+	}
+	return procStatusKB("VmRSS")
+}
+
 // memPhase runs one memory phase in a subprocess (so each starts with a
 // fresh heap and peak RSS) and decodes its result.
 func memPhase(ctx context.Context, cfg *config, env []string, args ...string) (memPhaseResult, error) {
+	var r memPhaseResult
+	err := runPhase(ctx, env, append([]string{"mem-phase"}, args...), &r)
+	return r, err
+}
+
+// runPhase runs this executable with args (a phase subcommand) and env
+// added to the environment, and decodes its JSON output into v.
+func runPhase(ctx context.Context, env, args []string, v any) error {
 	exe, err := os.Executable()
 	if err != nil {
-		return memPhaseResult{}, fmt.Errorf("find own executable: %w", err)
+		return fmt.Errorf("find own executable: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, exe, append([]string{"mem-phase"}, args...)...)
+	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		return memPhaseResult{}, fmt.Errorf("mem-phase %v: %w: %s", args, err, strings.TrimSpace(errb.String()))
+		return fmt.Errorf("%v: %w: %s", args, err, strings.TrimSpace(errb.String()))
 	}
-	var r memPhaseResult
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		return r, fmt.Errorf("mem-phase %v output %q: %w", args, out.String(), err)
+	if err := json.Unmarshal(out.Bytes(), v); err != nil {
+		return fmt.Errorf("%v output %q: %w", args, out.String(), err)
 	}
-	return r, nil
+	return nil
 }
 
 // benchMemory measures figure 6: RSS and heap growth above the source or

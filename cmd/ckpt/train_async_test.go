@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+)
+
+// The same seed gives the same weights synchronously, asynchronously with
+// a staging budget smaller than the state, over 1 or 3 ranks, and when
+// interrupted and resumed.
+func TestTrainAsyncIsBitIdentical(t *testing.T) {
+	dir := t.TempDir()
+	size := []string{"--state-size", "6MiB", "--steps", "12", "--save-every", "3"}
+	sync := trainJSON(t, append(size, "--url", filepath.Join(dir, "sync"))...)
+	require.InDelta(t, 6<<20, sync.StateBytes, 64<<10)
+	require.Zero(t, sync.StagingPeakBytes)
+	require.InDelta(t, sync.SaveSeconds, sync.SaveStallSeconds, 0.05, "a sync save blocks the loop throughout")
+
+	async := trainJSON(t, append(size, "--url", filepath.Join(dir, "async"), "--async", "--staging-bytes", "2MiB", "--ranks", "3")...)
+	require.Equal(t, sync.WeightsSHA256, async.WeightsSHA256)
+	require.Len(t, async.Checkpoints, 4)
+	require.Positive(t, async.StagingPeakBytes)
+	require.LessOrEqual(t, async.StagingPeakBytes, int64(2<<20), "staging stays within the budget")
+	for _, c := range async.Checkpoints {
+		code, out, _ := ckpt(t, "verify", "--deep", c)
+		require.Equal(t, 0, code, out)
+	}
+
+	split := filepath.Join(dir, "split")
+	trainJSON(t, "--url", split, "--state-size", "6MiB", "--steps", "6", "--save-every", "3", "--async")
+	resumed := trainJSON(t, append(size, "--url", split, "--resume", "--async", "--ranks", "2")...)
+	require.Equal(t, int64(6), *resumed.ResumedFrom)
+	require.Equal(t, sync.WeightsSHA256, resumed.WeightsSHA256)
+}
+
+// runMainEnv makes the test binary run the ckpt command line it is given,
+// as main does (the child of the signal tests).
+const runMainEnv = "CKPT_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Exit(runMain(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// startCkpt starts `ckpt args...` as a child process.
+func startCkpt(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd, &out, &errb
+}
+
+// waitCommitted waits until a checkpoint under run is committed.
+func waitCommitted(t *testing.T, run string, stderr *bytes.Buffer) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if m, _ := filepath.Glob(filepath.Join(run, "step-*", "ckptkit.metadata.json")); len(m) > 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no checkpoint was committed under %s; stderr: %s", run, stderr)
+}
+
+func exitStatus(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	require.NoError(t, err)
+	return 0
+}
+
+// SIGTERM while async saves are under way: ckpt lets the save in flight
+// commit, saves the current step, says where, exits 143, and the job
+// resumed from that checkpoint ends bit-identical to an uninterrupted one.
+func TestTrainSIGTERMSavesTheCurrentStep(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	// Seed 7, the seed of trainJSON, which runs the resume and the
+	// reference below.
+	cmd, out, errb := startCkpt(t, "train", "--json", "--seed", "7", "--url", run, "--state-size", "48MiB",
+		"--steps", "100000", "--save-every", "4", "--async", "--staging-bytes", "16MiB")
+	waitCommitted(t, run, errb)
+	time.Sleep(30 * time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 143, exitStatus(t, cmd), errb.String())
+
+	var res trainResult
+	require.NoError(t, json.Unmarshal(bytes.TrimSpace(out.Bytes()), &res), out.String())
+	require.Equal(t, "SIGTERM", res.Preempted)
+	require.Less(t, res.Step, int64(100000))
+	want := filepath.Join(run, catalog.StepName(res.Step))
+	require.Contains(t, errb.String(), "SIGTERM at step "+strconv.FormatInt(res.Step, 10)+": saved file://"+want)
+	require.Equal(t, "file://"+want, res.Checkpoints[len(res.Checkpoints)-1])
+
+	ctx := context.Background()
+	rst, err := backend.Open(ctx, run)
+	require.NoError(t, err)
+	latest, _, err := catalog.Latest(ctx, rst, true)
+	require.NoError(t, err)
+	require.Equal(t, catalog.StepName(res.Step), latest.Name, "the current step is the newest valid checkpoint")
+
+	total := strconv.FormatInt(res.Step+3, 10)
+	resumed := trainJSON(t, "--url", run, "--resume", "--state-size", "48MiB", "--steps", total, "--save-every", "0")
+	require.Equal(t, res.Step, *resumed.ResumedFrom)
+	straight := trainJSON(t, "--url", filepath.Join(dir, "straight"), "--state-size", "48MiB", "--steps", total, "--save-every", "0")
+	require.Equal(t, straight.WeightsSHA256, resumed.WeightsSHA256)
+}
+
+// A second signal aborts at once: exit 130 for SIGINT, and every committed
+// checkpoint under the run is complete (deep verify).
+func TestTrainSecondSignalAborts(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	cmd, _, errb := startCkpt(t, "train", "--seed", "3", "--url", run, "--state-size", "96MiB",
+		"--steps", "100000", "--save-every", "2", "--async", "--staging-bytes", "8MiB")
+	waitCommitted(t, run, errb)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	time.Sleep(5 * time.Millisecond)
+	t0 := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, 130, exitStatus(t, cmd), errb.String())
+	require.Less(t, time.Since(t0), 10*time.Second, "the second signal does not wait for saves")
+
+	steps, _ := filepath.Glob(filepath.Join(run, "step-*", "ckptkit.metadata.json"))
+	require.NotEmpty(t, steps)
+	for _, m := range steps {
+		code, out, _ := ckpt(t, "verify", "--deep", filepath.Dir(m))
+		require.Equal(t, 0, code, "%s: %s", filepath.Dir(m), out)
+	}
+	require.True(t, strings.Contains(errb.String(), "SIGINT"), errb.String())
+}
+
+// Bad sizes are usage errors (exit 2), before anything is trained.
+func TestTrainAsyncFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errs := ckpt(t, "train", "--url", dir, "--state-size", "lots")
+	require.Equal(t, 2, code, errs)
+	require.Contains(t, errs, "--state-size")
+	code, _, errs = ckpt(t, "train", "--url", dir, "--async", "--staging-bytes", "1000")
+	require.Equal(t, 2, code, errs)
+	require.Contains(t, errs, "staging budget")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing was saved")
+}

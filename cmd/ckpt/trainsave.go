@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/trainer"
+	"github.com/ckptkit/ckptkit/saver"
+)
+
+// checkpointer is how `ckpt train` saves: synchronously, or (--async)
+// through a saver.Saver whose saves overlap the next steps. It keeps the
+// figures of --json: save wall time, time the loop was blocked, staging
+// peak.
+type checkpointer struct {
+	run     *backend.Store
+	f       trainFlags
+	async   *saver.Saver // nil: synchronous saves
+	logf    func(format string, a ...any)
+	options func(step int64) saver.Options
+
+	inflight       *saver.Handle
+	inflightStep   int64
+	inflightCancel context.CancelFunc
+
+	lastCommitted int64 // step of the newest committed checkpoint, -1 before
+	saveTime      time.Duration
+	stall         time.Duration
+	checkpoints   []string
+}
+
+func newCheckpointer(run *backend.Store, f trainFlags, stagingBytes int64, options func(int64) saver.Options, logf func(string, ...any)) (*checkpointer, error) {
+	c := &checkpointer{run: run, f: f, logf: logf, options: options, lastCommitted: -1, checkpoints: []string{}}
+	if f.async {
+		s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: stagingBytes})
+		if err != nil {
+			return nil, usage(err)
+		}
+		c.async = s
+	}
+	return c, nil
+}
+
+// save checkpoints tr's current step: synchronously, or by starting an
+// async save (after the previous one committed) that reads tr's memory
+// only until it returns.
+func (c *checkpointer) save(ctx context.Context, tr *trainer.Trainer) error {
+	if c.async == nil {
+		return c.saveSync(ctx, tr)
+	}
+	step := tr.Iteration()
+	st, err := c.run.Sub(catalog.StepName(step))
+	if err != nil {
+		return err
+	}
+	sds := tr.StateViews(c.f.ranks, !c.f.noSaveOptim)
+	t0 := time.Now()
+	if c.inflight != nil {
+		// SaveLocalAsync would wait for it too; waiting here first lets the
+		// previous save be accounted for (and its error said) by name.
+		if err := c.collect(ctx); err != nil {
+			c.stall += time.Since(t0)
+			return err
+		}
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	h, err := c.async.SaveLocalAsync(sctx, st, sds, c.options(step))
+	c.stall += time.Since(t0)
+	if err != nil {
+		cancel()
+		return err
+	}
+	c.inflight, c.inflightStep, c.inflightCancel = h, step, cancel
+	c.logf("step %d loss %.6f lr %g: staged %s (stall %s)", step, tr.Loss(), tr.LR(), st, h.Stall().Round(time.Millisecond))
+	return nil
+}
+
+// saveSync saves tr's current step and returns once it is committed.
+func (c *checkpointer) saveSync(ctx context.Context, tr *trainer.Trainer) error {
+	step := tr.Iteration()
+	st, err := c.run.Sub(catalog.StepName(step))
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	sr, err := saver.SaveLocal(ctx, st, tr.StateViews(c.f.ranks, !c.f.noSaveOptim), c.options(step))
+	c.stall += time.Since(t0)
+	if err != nil {
+		return err
+	}
+	c.saveTime += sr.Duration
+	c.committed(step, sr)
+	c.logf("step %d loss %.6f lr %g: saved %s (%d bytes, %d objects, %s)", step, tr.Loss(), tr.LR(), sr.URL, sr.BytesWritten, len(sr.Metadata.Objects), sr.Duration.Round(time.Millisecond))
+	return nil
+}
+
+// poll records the in-flight save's outcome if it has ended (a failure
+// ends the training now rather than at the next save).
+func (c *checkpointer) poll(ctx context.Context) error {
+	if c.inflight == nil {
+		return nil
+	}
+	select {
+	case <-c.inflight.Done():
+		return c.collect(ctx)
+	default:
+		return nil
+	}
+}
+
+// collect waits for the in-flight save and records its outcome.
+func (c *checkpointer) collect(ctx context.Context) error {
+	h, step := c.inflight, c.inflightStep
+	if h == nil {
+		return nil
+	}
+	sr, err := h.Wait(ctx)
+	if err != nil && ctx.Err() != nil {
+		return err // the save goes on; the caller is aborting
+	}
+	c.inflight = nil
+	c.inflightCancel()
+	c.saveTime += h.Elapsed()
+	if err != nil {
+		return fmt.Errorf("async save of step %d: %w", step, err)
+	}
+	c.committed(step, sr)
+	c.logf("step %d: committed %s (%d bytes, %d objects, %s)", step, sr.URL, sr.BytesWritten, len(sr.Metadata.Objects), h.Elapsed().Round(time.Millisecond))
+	return nil
+}
+
+func (c *checkpointer) committed(step int64, sr *saver.Result) {
+	c.lastCommitted = step
+	c.checkpoints = append(c.checkpoints, sr.URL)
+}
+
+// finish waits for the in-flight save at the end of training (waiting is
+// stall: the job cannot end before its checkpoint).
+func (c *checkpointer) finish(ctx context.Context) error {
+	t0 := time.Now()
+	defer func() { c.stall += time.Since(t0) }()
+	return c.collect(ctx)
+}
+
+// preempt is the first signal's path: let the in-flight save commit within
+// grace (abandoning it, uncommitted, past that), then save the current step
+// synchronously unless it is the one just committed. It returns the URL of
+// the current step's checkpoint.
+func (c *checkpointer) preempt(ctx context.Context, tr *trainer.Trainer, grace time.Duration) (string, error) {
+	t0 := time.Now()
+	if c.inflight != nil {
+		gctx, cancel := context.WithTimeout(ctx, grace)
+		err := c.collect(gctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return "", ctx.Err()
+		case c.inflight != nil: // grace ran out
+			c.logf("the save of step %d did not commit within --preempt-grace %s: abandoned, uncommitted", c.inflightStep, grace)
+			c.inflightCancel()
+			_ = c.collect(ctx) // returns promptly once cancelled
+		case err != nil:
+			c.logf("%v", err)
+		}
+	}
+	c.stall += time.Since(t0)
+	step := tr.Iteration()
+	if c.lastCommitted == step {
+		return c.checkpoints[len(c.checkpoints)-1], nil
+	}
+	if err := c.saveSync(ctx, tr); err != nil {
+		return "", err
+	}
+	return c.checkpoints[len(c.checkpoints)-1], nil
+}
+
+// stagingPeak is the async saver's staging high-water mark (0 when sync).
+func (c *checkpointer) stagingPeak() int64 {
+	if c.async == nil {
+		return 0
+	}
+	return c.async.Stats().PeakBytes
+}
