@@ -2,14 +2,20 @@
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: build test test-short lint bench proto servers-start servers-stop clean
+.PHONY: build python test test-short lint bench proto servers-start servers-stop clean
 
 build:
 	$(GO) build -o bin/ckpt ./cmd/ckpt
 
+# libckptkit (the C ABI in capi/) built into the Python package, so that
+# PYTHONPATH=python (or pip install ./python) makes `import ckptkit` work.
+python:
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags "-s -w" -o python/ckptkit/libckptkit.so ./capi
+
 # The whole suite: lint (fails on findings), then starts the S3/GCS test
 # servers, runs every test (including the conformance matrix on every backend
-# and plugin), stops the servers.
+# and plugin), stops the servers, then the Python suite in the torch
+# environment (docs/TORCH.md).
 test:
 	bash scripts/test.sh
 
@@ -34,4 +40,4 @@ servers-stop:
 	bash scripts/test-servers.sh stop
 
 clean:
-	rm -rf bin
+	rm -rf bin python/ckptkit/libckptkit.so python/ckptkit/libckptkit.h

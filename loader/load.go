@@ -392,6 +392,14 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 		}
 		return stored, nil
 	}
+	// A foreign item with a recorded CRC32C (a DCP checkpoint written by
+	// ckptkit, see torchdcp.ApplyIntegrity) is checked before decoding;
+	// 0 means the format recorded none.
+	if crc != 0 {
+		if got := crc32.Checksum(stored, castagnoli); got != crc {
+			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
+		}
+	}
 	dec, err := metadata.Decoder(enc)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)

@@ -509,7 +509,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			// CRCs of the bytes written (the staged copy when staging), here
 			// rather than while staging, which blocks the caller.
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
-			src := newSlicesReader(body)
+			src := backend.NewSlicesReader(body)
 			if objectCRC {
 				// Needed before the upload starts: a pass of its own.
 				results[i] = itemCRCs(body, w.Items)
@@ -525,13 +525,13 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				for j, it := range w.Items {
 					lengths[j] = it.Length
 				}
-				src.hashing(lengths)
+				src.HashItems(lengths)
 			}
 			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			if !objectCRC {
-				crcs, ok := src.itemCRCs()
+				crcs, ok := src.ItemCRCs()
 				if !ok { // not every byte went through this reader
 					crcs = itemCRCs(body, w.Items)
 				}

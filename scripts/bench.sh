@@ -34,3 +34,13 @@ fi
 go build -o "$BIN_DIR/ckptbench" ./bench/cmd/ckptbench
 echo "bench: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$BIN_DIR/ckptbench" --json bench/results.json "$@"
+
+# --- PyTorch (wt/torch): ckptkit.torch's StorageWriter/StorageReader against
+# torch's FileSystemWriter/FileSystemReader, ~1 GiB, in the torch 2.6
+# environment when it exists (scripts/torch-env.sh build; docs/TORCH.md).
+if bash scripts/torch-env.sh status; then
+	make -s python
+	bash scripts/torch-env.sh run python3 bench/torch_bench.py --runs 5 --json bench/torch_results.json
+else
+	echo "bench: torch comparison skipped: no torch environment (bash scripts/torch-env.sh build)" >&2
+fi

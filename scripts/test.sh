@@ -34,4 +34,28 @@ if [[ -s $CKPTKIT_CONFORMANCE_SUMMARY ]]; then
 	echo "== conformance matrix (backend x case) =="
 	cat "$CKPTKIT_CONFORMANCE_SUMMARY"
 fi
+# --- Python suite (wt/torch): libckptkit + python/ckptkit, run inside the
+# torch 2.6 environment of scripts/torch-env.sh with the S3/GCS servers above.
+# With CI=true the environment is built if missing and a failed set-up fails
+# the run; otherwise a missing environment skips the suite, loudly.
+py_status=0
+if bash scripts/torch-env.sh status || { [[ "${CI:-}" == "true" ]] && bash scripts/torch-env.sh build; }; then
+	if make -s python && CGO_ENABLED=0 go build -o bin/ckpt ./cmd/ckpt &&
+		CGO_ENABLED=0 go build -o bin/plugins/fsplugin ./plugins/examples/fsplugin; then
+		echo
+		echo "== Python suite (torch environment) =="
+		bash scripts/torch-env.sh run python3 -m pytest -q -p no:cacheprovider python/tests || py_status=$?
+	else
+		py_status=1
+	fi
+elif [[ "${CI:-}" == "true" ]]; then
+	echo "test.sh: the torch environment could not be built (CI=true makes that fatal)" >&2
+	py_status=1
+else
+	echo >&2
+	echo "test.sh: *** SKIPPING the Python suite: no torch environment (build it once: bash scripts/torch-env.sh build) ***" >&2
+fi
+if [[ $status -eq 0 ]]; then
+	status=$py_status
+fi
 exit "$status"

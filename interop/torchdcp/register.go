@@ -17,6 +17,9 @@ func Format() metadata.Format {
 			EncodingBytes:  decodeBytesItem,
 		},
 		Complete: func(c *metadata.Checkpoint, read metadata.ItemReader) error {
+			if _, err := ApplyIntegrity(c, ItemReader(read)); err != nil {
+				return err
+			}
 			if _, err := FillIteration(c, ItemReader(read)); err != nil {
 				return err
 			}

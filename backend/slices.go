@@ -1,4 +1,4 @@
-package saver
+package backend
 
 import (
 	"errors"
@@ -7,15 +7,16 @@ import (
 	"sort"
 )
 
-// slicesReader reads a sequence of byte slices back to back without copying
-// them into one buffer. It is an io.Seeker so the Store can rewind it to
-// retry a transient upload failure.
+// SlicesReader reads a sequence of byte slices back to back without copying
+// them into one buffer: a Put body made of several buffers (the saver's
+// items, the C ABI's caller buffers). It is an io.Seeker, so the Store can
+// rewind it to retry a transient upload failure.
 //
-// With hashing on, it also computes the CRC32C of each item (consecutive
+// With HashItems, it also computes the CRC32C of each item (consecutive
 // byte ranges of given lengths, independent of how the bytes are split
 // into parts) while copying them, in pieces small enough to still be in
 // the cache: no second pass over the source.
-type slicesReader struct {
+type SlicesReader struct {
 	parts [][]byte
 	size  int64
 	pos   int64
@@ -30,9 +31,11 @@ type slicesReader struct {
 // hashPiece is the most Read copies before hashing what it copied.
 const hashPiece = 256 << 10
 
-// hashing turns on the CRC32C of items of the given lengths, back to back,
-// computed as they are read.
-func (r *slicesReader) hashing(lengths []int64) *slicesReader {
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// HashItems turns on the CRC32C of items of the given lengths, back to
+// back from the start, computed as they are read; ItemCRCs returns them.
+func (r *SlicesReader) HashItems(lengths []int64) *SlicesReader {
 	r.ends = make([]int64, len(lengths))
 	r.hashed = make([]int64, len(lengths))
 	r.crcs = make([]uint32, len(lengths))
@@ -45,9 +48,9 @@ func (r *slicesReader) hashing(lengths []int64) *slicesReader {
 	return r
 }
 
-// itemCRCs returns each item's CRC32C and true when every item was read
-// whole since hashing began (false: compute them another way).
-func (r *slicesReader) itemCRCs() ([]uint32, bool) {
+// ItemCRCs returns each item's CRC32C (see HashItems) and true when every
+// item was read whole since HashItems (false: compute them another way).
+func (r *SlicesReader) ItemCRCs() ([]uint32, bool) {
 	for k := range r.ends {
 		if r.hashed[k] != r.ends[k] {
 			return nil, false
@@ -59,7 +62,7 @@ func (r *slicesReader) itemCRCs() ([]uint32, bool) {
 // hash adds b, the stream's bytes at pos, to the items it belongs to,
 // skipping bytes already hashed (a rewound read copies them again; they
 // have not changed).
-func (r *slicesReader) hash(pos int64, b []byte) {
+func (r *SlicesReader) hash(pos int64, b []byte) {
 	end := pos + int64(len(b))
 	for k := sort.Search(len(r.ends), func(k int) bool { return r.ends[k] > pos }); k < len(r.ends); k++ {
 		if h := r.hashed[k]; h >= pos && h < end {
@@ -73,15 +76,17 @@ func (r *slicesReader) hash(pos int64, b []byte) {
 	}
 }
 
-func newSlicesReader(parts [][]byte) *slicesReader {
-	r := &slicesReader{parts: parts}
+// NewSlicesReader returns a reader of parts, concatenated.
+func NewSlicesReader(parts [][]byte) *SlicesReader {
+	r := &SlicesReader{parts: parts}
 	for _, p := range parts {
 		r.size += int64(len(p))
 	}
 	return r
 }
 
-func (r *slicesReader) Read(p []byte) (int, error) {
+// Read implements io.Reader.
+func (r *SlicesReader) Read(p []byte) (int, error) {
 	n := 0
 	for n < len(p) && r.idx < len(r.parts) {
 		src := r.parts[r.idx][r.off:]
@@ -106,7 +111,8 @@ func (r *slicesReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
+// Seek implements io.Seeker.
+func (r *SlicesReader) Seek(offset int64, whence int) (int64, error) {
 	switch whence {
 	case io.SeekCurrent:
 		offset += r.pos
@@ -114,7 +120,7 @@ func (r *slicesReader) Seek(offset int64, whence int) (int64, error) {
 		offset += r.size
 	}
 	if offset < 0 || offset > r.size {
-		return r.pos, errors.New("slicesReader: seek out of range")
+		return r.pos, errors.New("SlicesReader: seek out of range")
 	}
 	r.pos, r.idx, r.off = offset, 0, offset
 	for r.idx < len(r.parts) && r.off >= int64(len(r.parts[r.idx])) {

@@ -1,0 +1,440 @@
+// Command capi is libckptkit: ckptkit's Go core as a C shared library
+// (go build -buildmode=c-shared -o libckptkit.so ./capi), for the ctypes
+// binding in python/ckptkit. docs/TORCH.md documents the ABI.
+//
+// Conventions of every call:
+//   - The result is 0 on success and -1 on failure; on failure *cls receives
+//     the ckpterr class number of the error (ckpterr.ClassOf), *rule a rule
+//     name when the error is one of the resume rules (else NULL), and *msg
+//     the message naming key, object and URL. Both strings are C memory the
+//     caller frees with ckpt_free.
+//   - Handles are opaque integers (runtime/cgo.Handle); no Go pointer is
+//     handed out or kept by C after a call returns. Buffers passed in are C
+//     memory the caller owns for the duration of the call only.
+//   - Every call is safe to make from several threads at once.
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"runtime"
+	"runtime/cgo"
+	"sync"
+	"unsafe"
+
+	"github.com/ckptkit/ckptkit/backend"
+	_ "github.com/ckptkit/ckptkit/backend/fs"  // file://
+	_ "github.com/ckptkit/ckptkit/backend/gcs" // gs://
+	"github.com/ckptkit/ckptkit/backend/instrument"
+	_ "github.com/ckptkit/ckptkit/backend/mem" // mem://
+	_ "github.com/ckptkit/ckptkit/backend/s3"  // s3://
+	"github.com/ckptkit/ckptkit/ckpterr"
+	_ "github.com/ckptkit/ckptkit/interop/torchdcp" // DCP checkpoints
+	"github.com/ckptkit/ckptkit/plugins/host"
+)
+
+// abiVersion is bumped on every incompatible change of the exported calls;
+// the Python binding refuses a library of another version.
+const abiVersion = 1
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func main() {}
+
+// storeHandle is what a store handle refers to.
+type storeHandle struct {
+	st *backend.Store
+}
+
+var (
+	pluginsOnce sync.Once
+	pluginsErr  error
+
+	countersMu sync.Mutex
+	counters   []*instrument.Counter
+)
+
+// loadPlugins discovers the plugins of $CKPTKIT_PLUGIN_DIR once per process,
+// so their schemes work in every URL.
+func loadPlugins(ctx context.Context) error {
+	pluginsOnce.Do(func() {
+		if dir := os.Getenv(host.EnvPluginDir); dir != "" {
+			if _, err := host.Discover(ctx, host.Config{Dir: dir}); err != nil {
+				pluginsErr = fmt.Errorf("load plugins from %s: %w", dir, err)
+			}
+		}
+	})
+	return pluginsErr
+}
+
+// countIO is set by CKPTKIT_IO_COUNT=1: every store opened is then
+// wrapped in an instrument.Counter kept for the life of the process, and
+// ckpt_io_count reports what they saw (tests, diagnostics).
+var countIO = os.Getenv("CKPTKIT_IO_COUNT") == "1"
+
+// openStore opens url (with the I/O counter around its driver when
+// countIO).
+func openStore(ctx context.Context, url string) (*storeHandle, error) {
+	if err := loadPlugins(ctx); err != nil {
+		return nil, err
+	}
+	st, err := backend.Open(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if !countIO {
+		return &storeHandle{st: st}, nil
+	}
+	cnt := instrument.Wrap(st.Driver())
+	countersMu.Lock()
+	counters = append(counters, cnt)
+	countersMu.Unlock()
+	return &storeHandle{st: st.WithDriver(cnt)}, nil
+}
+
+// errUsage marks bad arguments crossing the ABI.
+var errUsage = ckpterr.New(ckpterr.Usage, "invalid argument")
+
+// fail stores err in the out parameters and returns -1.
+func fail(err error, cls *C.int, rule, msg **C.char) C.int {
+	if cls != nil {
+		*cls = C.int(ckpterr.ClassOf(err))
+	}
+	if rule != nil {
+		*rule = nil
+		if r := ruleOf(err); r != "" {
+			*rule = C.CString(r)
+		}
+	}
+	if msg != nil {
+		*msg = C.CString(err.Error())
+	}
+	return -1
+}
+
+// cbytes views n bytes of C memory at p as a slice (no copy). The slice must
+// not outlive the call.
+func cbytes(p unsafe.Pointer, n C.int64_t) []byte {
+	if n <= 0 || p == nil {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(p), int(n))
+}
+
+func storeOf(h C.uintptr_t) (*storeHandle, error) {
+	if h == 0 {
+		return nil, fmt.Errorf("%w: store handle is 0 (closed or never opened)", errUsage)
+	}
+	switch v := cgo.Handle(h).Value().(type) {
+	case *storeHandle:
+		return v, nil
+	case *ckptHandle:
+		// A checkpoint handle serves store calls on its prefix.
+		return &v.storeHandle, nil
+	}
+	return nil, fmt.Errorf("%w: handle %d is not a store", errUsage, uintptr(h))
+}
+
+// cjson returns v as a C string of JSON.
+func cjson(v any) (*C.char, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return C.CString(string(b)), nil
+}
+
+//export ckpt_abi_version
+func ckpt_abi_version() C.int { return abiVersion }
+
+//export ckpt_free
+func ckpt_free(p unsafe.Pointer) { C.free(p) }
+
+//export ckpt_crc32c
+func ckpt_crc32c(crc C.uint32_t, buf unsafe.Pointer, n C.int64_t) C.uint32_t {
+	return C.uint32_t(crc32.Update(uint32(crc), castagnoli, cbytes(buf, n)))
+}
+
+//export ckpt_open
+func ckpt_open(url *C.char, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	sh, err := openStore(context.Background(), C.GoString(url))
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = C.uintptr_t(cgo.NewHandle(sh))
+	return 0
+}
+
+//export ckpt_close
+func ckpt_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	if h == 0 {
+		return fail(fmt.Errorf("%w: store handle is 0", errUsage), cls, rule, msg)
+	}
+	sh, ok := cgo.Handle(h).Value().(*storeHandle)
+	if !ok {
+		return fail(fmt.Errorf("%w: handle %d is not a store (close checkpoints with ckpt_checkpoint_close)", errUsage, uintptr(h)), cls, rule, msg)
+	}
+	cgo.Handle(h).Delete()
+	if err := closeStore(sh); err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	return 0
+}
+
+// ckpt_url returns the redacted URL of key below the store (C string).
+//
+//export ckpt_url
+func ckpt_url(h C.uintptr_t, key *C.char) *C.char {
+	sh, err := storeOf(h)
+	if err != nil {
+		return C.CString("")
+	}
+	return C.CString(sh.st.URL(C.GoString(key)))
+}
+
+// ckpt_capabilities returns the store's capabilities as JSON.
+//
+//export ckpt_capabilities
+func ckpt_capabilities(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	c := sh.st.Capabilities()
+	s, err := cjson(map[string]any{"create_if_absent": c.CreateIfAbsent, "server_crc32c": c.ServerCRC32C,
+		"multipart": c.Multipart, "part_size": c.PartSize, "concurrency": c.Concurrency})
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = s
+	return 0
+}
+
+// ckpt_put writes the concatenation of n C buffers (ptrs[i], lens[i]) as
+// object key of exactly their total size. groups (n non-decreasing entries
+// from 0, may be NULL for one group per buffer) gathers consecutive buffers
+// into items; crcs (one entry per group, may be NULL) receives the CRC32C
+// of each item, *total_crc the CRC32C of the whole body, which is also sent
+// for server-side verification where the backend supports it. flags bit 0:
+// create-if-absent (the write fails with class Conflict when key exists; on
+// backends without atomic create-if-absent the call fails with class
+// Unsupported).
+//
+//export ckpt_put
+func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t, groups *C.int32_t, n C.int, flags C.int,
+	crcs *C.uint32_t, totalCRC *C.uint32_t, cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	bufs := make([][]byte, int(n))
+	var size int64
+	var total uint32
+	if n > 0 {
+		ps := unsafe.Slice(ptrs, int(n))
+		ls := unsafe.Slice(lens, int(n))
+		var gs []C.int32_t
+		if groups != nil {
+			gs = unsafe.Slice(groups, int(n))
+		}
+		group, crc := 0, uint32(0)
+		for i := range bufs {
+			if ls[i] < 0 {
+				return fail(fmt.Errorf("%w: buffer %d has length %d", errUsage, i, ls[i]), cls, rule, msg)
+			}
+			g := i
+			if gs != nil {
+				g = int(gs[i])
+			}
+			if g != group && g != group+1 || (i == 0 && g != 0) {
+				return fail(fmt.Errorf("%w: buffer %d is in group %d after group %d", errUsage, i, g, group), cls, rule, msg)
+			}
+			if g != group {
+				if crcs != nil {
+					*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
+				}
+				group, crc = g, 0
+			}
+			bufs[i] = cbytes(ps[i], ls[i])
+			size += int64(ls[i])
+			crc = crc32.Update(crc, castagnoli, bufs[i])
+			total = crc32.Update(total, castagnoli, bufs[i])
+		}
+		if crcs != nil {
+			*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
+		}
+	}
+	if totalCRC != nil {
+		*totalCRC = C.uint32_t(total)
+	}
+	opts := backend.PutOptions{IfNotExists: flags&1 != 0, CRC32C: &total}
+	k := C.GoString(key)
+	if opts.IfNotExists && !sh.st.Capabilities().CreateIfAbsent {
+		return fail(fmt.Errorf("put %s: create-if-absent: %w", sh.st.URL(k), backend.ErrUnsupported), cls, rule, msg)
+	}
+	if err := sh.st.Put(context.Background(), k, size, backend.NewSlicesReader(bufs), opts); err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	return 0
+}
+
+// ckpt_read reads exactly length bytes of key at offset into buf (C memory
+// of at least length bytes). *crc receives their CRC32C. A short object
+// fails naming key and offset.
+//
+//export ckpt_read
+func ckpt_read(h C.uintptr_t, key *C.char, offset, length C.int64_t, buf unsafe.Pointer, crc *C.uint32_t,
+	cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	if offset < 0 || length < 0 {
+		return fail(fmt.Errorf("%w: offset %d, length %d", errUsage, offset, length), cls, rule, msg)
+	}
+	dst := cbytes(buf, length)
+	k := C.GoString(key)
+	if err := sh.st.ReadRange(context.Background(), k, int64(offset), dst); err != nil {
+		return fail(fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, length, err), cls, rule, msg)
+	}
+	if crc != nil {
+		*crc = C.uint32_t(crc32.Checksum(dst, castagnoli))
+	}
+	return 0
+}
+
+// ckpt_read_all reads the whole object key (at most limit bytes; limit <= 0:
+// no limit) into C memory *out of *n bytes, which the caller frees with
+// ckpt_free.
+//
+//export ckpt_read_all
+func ckpt_read_all(h C.uintptr_t, key *C.char, limit C.int64_t, out *unsafe.Pointer, n *C.int64_t,
+	cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	data, err := sh.st.ReadAll(context.Background(), C.GoString(key), int64(limit))
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = C.CBytes(data)
+	*n = C.int64_t(len(data))
+	return 0
+}
+
+// ckpt_stat returns key's size, modification time (Unix nanoseconds, 0 when
+// unknown) and stored CRC32C (*has_crc 0 when the backend keeps none).
+//
+//export ckpt_stat
+func ckpt_stat(h C.uintptr_t, key *C.char, size, mtimeNs *C.int64_t, crc *C.uint32_t, hasCRC *C.int,
+	cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	a, err := sh.st.Stat(context.Background(), C.GoString(key))
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*size = C.int64_t(a.Size)
+	*mtimeNs = 0
+	if !a.ModTime.IsZero() {
+		*mtimeNs = C.int64_t(a.ModTime.UnixNano())
+	}
+	*hasCRC = 0
+	if a.CRC32C != nil {
+		*hasCRC = 1
+		*crc = C.uint32_t(*a.CRC32C)
+	}
+	return 0
+}
+
+// ckpt_list returns the objects under prefix as a JSON array of
+// {"key","size","mtime_ns"} in ascending key order (*out, freed with
+// ckpt_free).
+//
+//export ckpt_list
+func ckpt_list(h C.uintptr_t, prefix *C.char, out **C.char, cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	type entry struct {
+		Key     string `json:"key"`
+		Size    int64  `json:"size"`
+		MTimeNs int64  `json:"mtime_ns"`
+	}
+	list := []entry{}
+	err = sh.st.List(context.Background(), C.GoString(prefix), func(o backend.ObjectInfo) error {
+		e := entry{Key: o.Key, Size: o.Size}
+		if !o.ModTime.IsZero() {
+			e.MTimeNs = o.ModTime.UnixNano()
+		}
+		list = append(list, e)
+		return nil
+	})
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	s, err := cjson(list)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = s
+	return 0
+}
+
+// ckpt_delete removes key (a missing key is not an error).
+//
+//export ckpt_delete
+func ckpt_delete(h C.uintptr_t, key *C.char, cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	if err := sh.st.Delete(context.Background(), C.GoString(key)); err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	return 0
+}
+
+// ckpt_io_count returns how many op calls ("read", "put", "stat", "list",
+// "delete") on keys ending with suffix ("" for all) the stores opened
+// through this library have made, or -1 unless the process was started
+// with CKPTKIT_IO_COUNT=1 (tests and diagnostics: "the metadata was read
+// once").
+//
+//export ckpt_io_count
+func ckpt_io_count(op, suffix *C.char) C.int64_t {
+	if !countIO {
+		return -1
+	}
+	o, s := C.GoString(op), C.GoString(suffix)
+	countersMu.Lock()
+	defer countersMu.Unlock()
+	var n int64
+	for _, c := range counters {
+		if s == "" {
+			n += c.Count(o)
+		} else {
+			n += c.CountKeySuffix(o, s)
+		}
+	}
+	return C.int64_t(n)
+}
+
+// ckpt_goroutines returns the number of goroutines of the Go runtime (for
+// leak tests: it must not grow with the number of calls).
+//
+//export ckpt_goroutines
+func ckpt_goroutines() C.int64_t { return C.int64_t(runtime.NumGoroutine()) }

@@ -1,0 +1,359 @@
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/cgo"
+	"unsafe"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/planner"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// ckptHandle is an open checkpoint: the store it was read from (every
+// data read goes through it) and its metadata, read once.
+type ckptHandle struct {
+	storeHandle
+	ck   *loader.Checkpoint
+	info ckptInfo
+}
+
+// ckptInfo describes the checkpoint a resume chose.
+type ckptInfo struct {
+	URL       string    `json:"url"`
+	Name      string    `json:"name,omitempty"`
+	Step      int64     `json:"step"`
+	Format    string    `json:"format"`
+	Iteration int64     `json:"iteration"`
+	Optimizer string    `json:"optimizer"`
+	Skipped   []skipped `json:"skipped"`
+	// None is true when url is a run without any committed checkpoint.
+	None bool `json:"none,omitempty"`
+}
+
+type skipped struct {
+	URL    string `json:"url"`
+	Reason string `json:"reason"`
+}
+
+// ruleOf names the resume rule an error breaks, for the Python exception
+// types (all of class BadCheckpoint or Usage, so the class alone cannot
+// tell them apart).
+func ruleOf(err error) string {
+	var cov *planner.CoverageError
+	switch {
+	case errors.Is(err, loader.ErrPartialOptimizerState):
+		return loader.RulePartialOptimizer
+	case errors.Is(err, loader.ErrLayoutMismatch):
+		return loader.RuleLayoutMismatch
+	case errors.As(err, &cov), errors.Is(err, planner.ErrCoverage):
+		return loader.RuleShardCoverage
+	case errors.Is(err, loader.ErrChecksum):
+		return loader.RuleChecksum
+	case errors.Is(err, loader.ErrIncomplete):
+		return loader.RuleUncommitted
+	case errors.Is(err, loader.ErrMissingKeys):
+		return "missing-keys"
+	case errors.Is(err, loader.ErrTargetMismatch):
+		return "mismatch"
+	}
+	return ""
+}
+
+func ckptOf(h C.uintptr_t) (*ckptHandle, error) {
+	if h == 0 {
+		return nil, fmt.Errorf("%w: checkpoint handle is 0 (closed or never opened)", errUsage)
+	}
+	ch, ok := cgo.Handle(h).Value().(*ckptHandle)
+	if !ok {
+		return nil, fmt.Errorf("%w: handle %d is not a checkpoint", errUsage, uintptr(h))
+	}
+	return ch, nil
+}
+
+// openCheckpoint opens url as a checkpoint, or, when url is a run (it
+// holds step-NNNNNNNN prefixes and no metadata of its own), the newest
+// committed checkpoint of the run that verifies. Each candidate's metadata
+// is read once, and the chosen checkpoint keeps it for the load.
+func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
+	sh, err := openStore(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = closeStore(sh)
+		}
+	}()
+	ck, err := loader.Open(ctx, sh.st)
+	if err == nil {
+		ok = true
+		return newCkptHandle(sh, ck, "", nil), nil
+	}
+	if !errors.Is(err, loader.ErrNoCheckpoint) {
+		return nil, err
+	}
+	found, skips, err := catalog.Latest(ctx, sh.st, false)
+	var out []skipped
+	committed := 0
+	for _, sk := range skips {
+		out = append(out, skipped{URL: sk.Entry.URL, Reason: sk.Reason})
+		if sk.Entry.Committed {
+			committed++
+		}
+	}
+	switch {
+	case err == nil:
+		h := newCkptHandle(sh, found.Checkpoint, found.Name, out)
+		h.info.Step = found.Step
+		ok = true
+		return h, nil
+	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
+		return nil, err
+	case committed == 0:
+		// A fresh run (or only uncommitted prefixes): nothing to resume.
+		ok = true
+		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Skipped: nonNil(out)}}, nil
+	}
+	// Committed checkpoints exist but none verifies: fail with the newest
+	// one's problem first in the chain (it decides class and rule), never
+	// start over silently.
+	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid)", sh.st, newestProblem(ctx, sh.st, skips), catalog.ErrNoCommittedCheckpoint, committed)
+}
+
+// newestProblem reopens the newest committed checkpoint that failed verify
+// and returns its first problem as an error of the rule's sentinel (this
+// failure path reads its metadata a second time).
+func newestProblem(ctx context.Context, run *backend.Store, skips []catalog.Skipped) error {
+	for _, sk := range skips {
+		if !sk.Entry.Committed {
+			continue
+		}
+		st, err := run.Sub(sk.Entry.Name)
+		if err != nil {
+			return err
+		}
+		rep, err := loader.Verify(ctx, st, loader.VerifyOptions{})
+		if err != nil {
+			return err
+		}
+		if len(rep.Problems) > 0 {
+			return fmt.Errorf("%w: %s", ruleError(rep.Problems[0].Rule), rep.Problems[0].Message)
+		}
+	}
+	return loader.ErrIncomplete
+}
+
+func nonNil(s []skipped) []skipped {
+	if s == nil {
+		return []skipped{}
+	}
+	return s
+}
+
+func newCkptHandle(sh *storeHandle, ck *loader.Checkpoint, name string, skips []skipped) *ckptHandle {
+	md := ck.Metadata()
+	h := &ckptHandle{storeHandle: storeHandle{st: ck.Store()}, ck: ck}
+	h.info = ckptInfo{URL: ck.URL(), Name: name, Step: md.Training.Iteration, Format: ck.FormatName(),
+		Iteration: md.Training.Iteration, Optimizer: string(md.Training.Optimizer), Skipped: nonNil(skips)}
+	return h
+}
+
+// closeStore closes a store (its counter, if any, stays counted).
+func closeStore(sh *storeHandle) error { return sh.st.Close() }
+
+// ckpt_checkpoint_open opens the checkpoint at url, or the newest committed
+// valid checkpoint of the run at url (as `ckpt latest`), reading its
+// metadata once. *info receives JSON {url, name, step, format, iteration,
+// optimizer, skipped, none}; "none": true means the run has no committed
+// checkpoint (the handle is still returned and must be closed). The handle
+// also serves ckpt_read, ckpt_stat and ckpt_list on the checkpoint prefix.
+//
+//export ckpt_checkpoint_open
+func ckpt_checkpoint_open(url *C.char, out *C.uintptr_t, info **C.char, cls *C.int, rule, msg **C.char) C.int {
+	h, err := openCheckpoint(context.Background(), C.GoString(url))
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	s, err := cjson(h.info)
+	if err != nil {
+		_ = closeStore(&h.storeHandle)
+		return fail(err, cls, rule, msg)
+	}
+	*info = s
+	*out = C.uintptr_t(cgo.NewHandle(h))
+	return 0
+}
+
+// ckpt_checkpoint_metadata copies the metadata object's bytes, exactly as
+// they were read at open, into *out (*n bytes, freed with ckpt_free).
+//
+//export ckpt_checkpoint_metadata
+func ckpt_checkpoint_metadata(h C.uintptr_t, out *unsafe.Pointer, n *C.int64_t, cls *C.int, rule, msg **C.char) C.int {
+	ch, err := ckptOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	if ch.ck == nil {
+		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint), cls, rule, msg)
+	}
+	raw := ch.ck.RawMetadata()
+	*out = C.CBytes(raw)
+	*n = C.int64_t(len(raw))
+	return 0
+}
+
+// ckpt_checkpoint_close releases a checkpoint handle.
+//
+//export ckpt_checkpoint_close
+func ckpt_checkpoint_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	ch, err := ckptOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	cgo.Handle(h).Delete()
+	if err := closeStore(&ch.storeHandle); err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	return 0
+}
+
+// loadSpec is the JSON a caller passes to ckpt_checkpoint_load: the target
+// of every local rank and the options of loader.Options.
+type loadSpec struct {
+	Targets []struct {
+		Tensors []struct {
+			Key     string  `json:"key"`
+			DType   string  `json:"dtype"`
+			Shape   []int64 `json:"shape"`
+			Offsets []int64 `json:"offsets"`
+			Sizes   []int64 `json:"sizes"`
+			// Buf indexes the buffers passed to ckpt_checkpoint_load:
+			// the C memory of NBytes bytes the tensor is loaded into
+			// (row-major, contiguous, little-endian).
+			Buf    int   `json:"buf"`
+			NBytes int64 `json:"nbytes"`
+		} `json:"tensors"`
+		Bytes []string `json:"bytes"`
+	} `json:"targets"`
+	NoLoadOptimizer bool     `json:"no_load_optimizer"`
+	ModelPrefix     string   `json:"model_prefix"`
+	OptimizerPrefix string   `json:"optimizer_prefix"`
+	OptimizerSlots  []string `json:"optimizer_slots"`
+	Frozen          []string `json:"frozen"`
+	Concurrency     int      `json:"concurrency"`
+	Quiet           bool     `json:"quiet"`
+}
+
+// loadReport is what ckpt_checkpoint_load returns.
+type loadReport struct {
+	*loader.Report
+	Summary string `json:"summary"`
+	// Bytes are the bytes values loaded, per local rank, by key (for a
+	// DCP checkpoint: JSON text, or the raw torch.save item for values
+	// without a JSON form).
+	Bytes []map[string][]byte `json:"bytes"`
+}
+
+// ckpt_checkpoint_load runs loader.Checkpoint.Load: the resume rules of
+// docs/RESUME.md are checked and every byte is read and CRC-checked before
+// any target buffer changes; then the tensors are copied into the C buffers
+// bufs (nbufs of them) that spec (JSON, see loadSpec) assigns to the target
+// tensors. *report receives the JSON report, bytes values included.
+//
+//export ckpt_checkpoint_load
+func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, report **C.char, cls *C.int, rule, msg **C.char) C.int {
+	ch, err := ckptOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	if ch.ck == nil {
+		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint), cls, rule, msg)
+	}
+	var ls loadSpec
+	if err := json.Unmarshal([]byte(C.GoString(spec)), &ls); err != nil {
+		return fail(fmt.Errorf("%w: load spec: %v", errUsage, err), cls, rule, msg)
+	}
+	var ptrs []unsafe.Pointer
+	if nbufs > 0 {
+		ptrs = unsafe.Slice(bufs, int(nbufs))
+	}
+	targets := make([]*statedict.StateDict, len(ls.Targets))
+	for r, t := range ls.Targets {
+		sd := statedict.New()
+		for _, ts := range t.Tensors {
+			var data []byte
+			if ts.NBytes > 0 {
+				if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
+					return fail(fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs)), cls, rule, msg)
+				}
+				// C memory owned by the caller for the duration of the call.
+				data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
+			} else {
+				data = []byte{}
+			}
+			offs, sizes := ts.Offsets, ts.Sizes
+			if offs == nil {
+				offs = make([]int64, len(ts.Shape))
+			}
+			if sizes == nil {
+				sizes = ts.Shape
+			}
+			sd.Tensors[ts.Key] = &statedict.Shard{DType: statedict.DType(ts.DType), GlobalShape: ts.Shape, Offsets: offs, Sizes: sizes, Data: data}
+		}
+		for _, k := range t.Bytes {
+			sd.Bytes[k] = nil
+		}
+		targets[r] = sd
+	}
+	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
+		OptimizerSlots: ls.OptimizerSlots, Frozen: ls.Frozen, Concurrency: ls.Concurrency}
+	if ls.Quiet {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	rep, err := ch.ck.Load(context.Background(), targets, opts)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	out := loadReport{Report: rep, Summary: rep.Summary(), Bytes: make([]map[string][]byte, len(targets))}
+	for r, sd := range targets {
+		out.Bytes[r] = sd.Bytes
+	}
+	s, err := cjson(out)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*report = s
+	return 0
+}
+
+// ruleError is the loader sentinel of a verify rule (for a run whose
+// checkpoints all fail verify); loader.ErrIncomplete for the others.
+func ruleError(rule string) error {
+	switch rule {
+	case loader.RulePartialOptimizer:
+		return loader.ErrPartialOptimizerState
+	case loader.RuleLayoutMismatch:
+		return loader.ErrLayoutMismatch
+	case loader.RuleShardCoverage:
+		return planner.ErrCoverage
+	case loader.RuleChecksum:
+		return loader.ErrChecksum
+	case loader.RuleMissingObject, loader.RuleObjectSize:
+		return loader.ErrMissingObject
+	}
+	return loader.ErrIncomplete
+}

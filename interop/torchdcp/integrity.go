@@ -1,0 +1,165 @@
+package torchdcp
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// IntegrityKey is the key of the integrity object that ckptkit's DCP
+// StorageWriter (python/ckptkit/torch) writes before ".metadata": the
+// CRC32C of every stored item and the training-state record. Checkpoints
+// written by torch itself have none. docs/TORCH_DCP.md specifies it.
+const IntegrityKey = ".ckptkit-integrity"
+
+// IntegrityHeaderSize is the length of the integrity object's first line,
+// "ckptkit-dcp-integrity/1 <object size in decimal>" padded with spaces to
+// IntegrityHeaderSize-1 bytes and ended by "\n". The JSON body follows.
+const IntegrityHeaderSize = 64
+
+// integrityMagic starts the header line; "/1" is the major version.
+const integrityMagic = "ckptkit-dcp-integrity/1 "
+
+// maxIntegritySize caps the integrity object (like metadata.MaxSize for
+// the metadata).
+const maxIntegritySize = metadata.MaxSize
+
+// Integrity is the JSON body of the integrity object.
+type Integrity struct {
+	// Algorithm is "crc32c" (Castagnoli).
+	Algorithm string `json:"algorithm"`
+	// Items lists every stored item (tensor chunk or bytes value) by its
+	// byte range in a data object, with its CRC32C.
+	Items []IntegrityItem `json:"items"`
+	// Optimizer is the training-state record's optimizer part: "saved",
+	// "omitted" (save_optimizer=False) or "none".
+	Optimizer string `json:"optimizer,omitempty"`
+}
+
+// IntegrityItem is one stored item's range and checksum.
+type IntegrityItem struct {
+	Object string `json:"object"`
+	Offset int64  `json:"offset"`
+	Length int64  `json:"length"`
+	CRC32C uint32 `json:"crc32c"`
+}
+
+// EncodeIntegrity returns the integrity object's bytes for in.
+func EncodeIntegrity(in *Integrity) ([]byte, error) {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	total := IntegrityHeaderSize + len(body)
+	head := integrityMagic + strconv.Itoa(total)
+	head += strings.Repeat(" ", IntegrityHeaderSize-1-len(head)) + "\n"
+	return append([]byte(head), body...), nil
+}
+
+// DecodeIntegrity parses a whole integrity object.
+func DecodeIntegrity(data []byte) (*Integrity, error) {
+	size, err := integritySize(data)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) != size {
+		return nil, malformed("integrity object is %d bytes, its header says %d", len(data), size)
+	}
+	var in Integrity
+	if err := json.Unmarshal(data[IntegrityHeaderSize:], &in); err != nil {
+		return nil, malformed("integrity object: %v", err)
+	}
+	if in.Algorithm != "crc32c" {
+		return nil, malformed("integrity object: algorithm %q, want crc32c", in.Algorithm)
+	}
+	return &in, nil
+}
+
+// integritySize parses the header line and returns the object's size.
+func integritySize(data []byte) (int64, error) {
+	if len(data) < IntegrityHeaderSize || data[IntegrityHeaderSize-1] != '\n' {
+		return 0, malformed("integrity object: no %d-byte header line", IntegrityHeaderSize)
+	}
+	rest, ok := strings.CutPrefix(string(data[:IntegrityHeaderSize-1]), integrityMagic)
+	if !ok {
+		return 0, malformed("integrity object: header does not start with %q (a newer major version?)", integrityMagic)
+	}
+	n, err := strconv.ParseInt(strings.TrimRight(rest, " "), 10, 64)
+	if err != nil || n < IntegrityHeaderSize || n > maxIntegritySize {
+		return 0, malformed("integrity object: bad size in header %q", strings.TrimRight(string(data[:IntegrityHeaderSize-1]), " "))
+	}
+	return n, nil
+}
+
+// ApplyIntegrity reads the integrity object through read, when the
+// checkpoint has one, and sets the CRC32C of every chunk and bytes entry
+// from it (loaders then check every item's stored bytes against it) and
+// the optimizer part of the training-state record, and lists the object in
+// c.Objects (so copies carry it). A checkpoint without
+// the object (written by torch itself) is left as is and reported false.
+// An object that does not cover every item is malformed.
+func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
+	head, err := read(IntegrityKey, 0, IntegrityHeaderSize)
+	if errors.Is(err, backend.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", IntegrityKey, err)
+	}
+	size, err := integritySize(head)
+	if err != nil {
+		return false, err
+	}
+	body, err := read(IntegrityKey, IntegrityHeaderSize, size-IntegrityHeaderSize)
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", IntegrityKey, err)
+	}
+	in, err := DecodeIntegrity(append(head, body...))
+	if err != nil {
+		return false, err
+	}
+	type rng struct {
+		object         string
+		offset, length int64
+	}
+	crcs := make(map[rng]uint32, len(in.Items))
+	for _, it := range in.Items {
+		crcs[rng{it.Object, it.Offset, it.Length}] = it.CRC32C
+	}
+	lookup := func(key, object string, offset, length int64) (uint32, error) {
+		crc, ok := crcs[rng{object, offset, length}]
+		if !ok {
+			return 0, malformed("integrity object has no CRC32C for %q (%s at offset %d, %d bytes)", key, object, offset, length)
+		}
+		return crc, nil
+	}
+	for i := range c.Tensors {
+		t := &c.Tensors[i]
+		for j := range t.Chunks {
+			ch := &t.Chunks[j]
+			if ch.CRC32C, err = lookup(t.Key, ch.Object, ch.Offset, ch.Length); err != nil {
+				return false, err
+			}
+		}
+	}
+	for i := range c.Bytes {
+		b := &c.Bytes[i]
+		if b.CRC32C, err = lookup(b.Key, b.Object, b.Offset, b.Length); err != nil {
+			return false, err
+		}
+	}
+	// The integrity object is part of the checkpoint: copies carry it and
+	// verify checks that it is there, whole.
+	c.Objects = append(c.Objects, metadata.ObjectEntry{Key: IntegrityKey, Size: size})
+	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
+	if in.Optimizer == metadata.OptimizerOmitted && c.Training.Optimizer == metadata.OptimizerNone {
+		c.Training.Optimizer = metadata.OptimizerOmitted
+	}
+	return true, nil
+}

@@ -1,0 +1,150 @@
+package torchdcp_test
+
+// The integrity object of DCP checkpoints written by ckptkit's
+// StorageWriter, on a copy of the real torch 2.6 fixture dense2: CRC32C of
+// every item checked by a deep verify and by a load, a flipped byte named by
+// key, object and offset, an object that misses an item refused.
+
+import (
+	"context"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/interop/torchdcp"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// withIntegrity copies fixture dense2 into a temporary directory and writes
+// an integrity object for it (all items, or all but the first when
+// dropOne), as ckptkit's StorageWriter would.
+func withIntegrity(t *testing.T, dropOne bool, optimizer string) (string, *metadata.Checkpoint) {
+	t.Helper()
+	src := filepath.Join("..", "..", "..", "shared", "fixtures", "dcp-torch2", "dense2")
+	if _, err := os.Stat(src); err != nil {
+		t.Skipf("fixture %s not available: %v", src, err)
+	}
+	dir := t.TempDir()
+	for _, name := range []string{".metadata", "__0_0.distcp"} {
+		b, err := os.ReadFile(filepath.Join(src, name))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), b, 0o644))
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, ".metadata"))
+	require.NoError(t, err)
+	md, err := torchdcp.DecodeMetadata(raw)
+	require.NoError(t, err)
+	data, err := os.ReadFile(filepath.Join(dir, "__0_0.distcp"))
+	require.NoError(t, err)
+	castagnoli := crc32.MakeTable(crc32.Castagnoli)
+	in := &torchdcp.Integrity{Algorithm: "crc32c", Optimizer: optimizer}
+	add := func(object string, off, n int64) {
+		in.Items = append(in.Items, torchdcp.IntegrityItem{Object: object, Offset: off, Length: n, CRC32C: crc32.Checksum(data[off:off+n], castagnoli)})
+	}
+	for _, te := range md.Tensors {
+		for _, ch := range te.Chunks {
+			add(ch.Object, ch.Offset, ch.Length)
+		}
+	}
+	for _, be := range md.Bytes {
+		add(be.Object, be.Offset, be.Length)
+	}
+	if dropOne {
+		in.Items = in.Items[1:]
+	}
+	b, err := torchdcp.EncodeIntegrity(in)
+	require.NoError(t, err)
+	require.Len(t, b[:torchdcp.IntegrityHeaderSize], torchdcp.IntegrityHeaderSize)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, torchdcp.IntegrityKey), b, 0o644))
+	return dir, md
+}
+
+func openDir(t *testing.T, dir string) *backend.Store {
+	t.Helper()
+	st, err := backend.Open(context.Background(), "file://"+dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+func TestIntegrityObjectChecksEveryItem(t *testing.T) {
+	ctx := context.Background()
+	dir, md := withIntegrity(t, false, "")
+	st := openDir(t, dir)
+	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.True(t, rep.Resumable, "%+v", rep.Problems)
+
+	// The opened checkpoint carries the recorded CRCs and lists the object.
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	require.Contains(t, c.Metadata().Objects, metadata.ObjectEntry{Key: torchdcp.IntegrityKey, Size: int64(len(mustRead(t, filepath.Join(dir, torchdcp.IntegrityKey))))})
+	for _, te := range c.Metadata().Tensors {
+		for _, ch := range te.Chunks {
+			require.NotZero(t, ch.CRC32C, te.Key)
+		}
+	}
+
+	// Flip one byte inside the first chunk of a tensor.
+	te := md.Tensors[0]
+	ch := te.Chunks[0]
+	path := filepath.Join(dir, ch.Object)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	at := ch.Offset + ch.Length/2
+	data[at] ^= 0x01
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+
+	rep, err = loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.False(t, rep.Resumable)
+	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
+	require.Equal(t, te.Key, rep.Problems[0].Key)
+	require.Contains(t, rep.Problems[0].Message, ch.Object)
+
+	_, err = c.ReadTensor(ctx, te.Key)
+	require.ErrorIs(t, err, loader.ErrChecksum)
+	require.Contains(t, err.Error(), te.Key)
+}
+
+func TestIntegrityObjectMissingAnItemIsRefused(t *testing.T) {
+	dir, _ := withIntegrity(t, true, "")
+	_, err := loader.Open(context.Background(), openDir(t, dir))
+	require.ErrorIs(t, err, torchdcp.ErrMalformed)
+	require.Contains(t, err.Error(), "no CRC32C for")
+}
+
+// An "omitted" record only applies to a checkpoint without optimizer keys:
+// saved state is never hidden by it (the Python suite checks the omitted
+// case itself, on checkpoints saved with save_optimizer=False).
+func TestIntegrityOmittedRecordDoesNotHideSavedState(t *testing.T) {
+	dir, _ := withIntegrity(t, false, metadata.OptimizerOmitted)
+	c, err := loader.Open(context.Background(), openDir(t, dir))
+	require.NoError(t, err)
+	require.Equal(t, metadata.OptimizerSaved, c.Metadata().Training.Optimizer)
+}
+
+func TestIntegrityHeaderIsChecked(t *testing.T) {
+	b, err := torchdcp.EncodeIntegrity(&torchdcp.Integrity{Algorithm: "crc32c"})
+	require.NoError(t, err)
+	in, err := torchdcp.DecodeIntegrity(b)
+	require.NoError(t, err)
+	require.Empty(t, in.Items)
+	_, err = torchdcp.DecodeIntegrity(b[:len(b)-1])
+	require.ErrorIs(t, err, torchdcp.ErrMalformed)
+	bad := append([]byte("ckptkit-dcp-integrity/2"), b[23:]...)
+	_, err = torchdcp.DecodeIntegrity(bad)
+	require.ErrorIs(t, err, torchdcp.ErrMalformed)
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}

@@ -1,0 +1,254 @@
+"""ckptkit for Python: checkpoint storage on every ckptkit URL through the Go
+core (libckptkit, loaded with ctypes).
+
+    import ckptkit
+    st = ckptkit.Store("s3://bucket/run7?endpoint=http://127.0.0.1:7070")
+    st.put("a", b"hello", if_absent=True)
+    st.read("a", 1, 3)            # b"ell"
+
+PyTorch support (``StorageWriter``, ``StorageReader``, ``save``, ``resume``)
+is in :mod:`ckptkit.torch`. docs/TORCH.md documents both.
+"""
+
+import ctypes
+import json
+
+from . import _lib
+from .errors import (  # noqa: F401 (re-exported)
+    AccessError,
+    BadCheckpointError,
+    CanceledError,
+    CheckpointError,
+    ChecksumError,
+    ConflictError,
+    CoverageError,
+    IncompleteError,
+    LayoutMismatchError,
+    MismatchError,
+    MissingKeysError,
+    NotFoundError,
+    PartialStateError,
+    TransientError,
+    UnsupportedError,
+    UsageError,
+)
+
+__all__ = [
+    "Store",
+    "ObjectInfo",
+    "RawBuffer",
+    "abi_version",
+    "crc32c",
+    "io_count",
+    "CheckpointError",
+    "PartialStateError",
+    "LayoutMismatchError",
+    "CoverageError",
+    "ChecksumError",
+]
+
+
+def abi_version():
+    """The ABI version of the loaded libckptkit."""
+    return _lib.lib().ckpt_abi_version()
+
+
+class RawBuffer:
+    """A buffer given by address and length, for memory ctypes cannot take
+    the address of (read-only views torch hands out): the caller keeps the
+    memory alive and unchanged for the duration of the call."""
+
+    __slots__ = ("addr", "nbytes")
+
+    def __init__(self, addr, nbytes):
+        self.addr, self.nbytes = addr, nbytes
+
+
+def _address(buf):
+    """(address, length, keep-alive) of a buffer without copying: bytes,
+    or any writable contiguous buffer (bytearray, memoryview, numpy array,
+    BytesIO.getbuffer()). Other read-only buffers are copied once."""
+    if isinstance(buf, RawBuffer):
+        return (buf.addr if buf.nbytes else None), buf.nbytes, buf
+    if isinstance(buf, bytes):
+        if not buf:
+            return None, 0, buf
+        # c_char_p over a bytes object points at its internal buffer.
+        return ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value, len(buf), buf
+    mv = memoryview(buf)
+    if not mv.contiguous:
+        raise UsageError("buffer is not contiguous")
+    if mv.nbytes == 0:
+        return None, 0, mv
+    if mv.readonly:
+        return _address(mv.tobytes())
+    mv = mv.cast("B")
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes, mv
+
+
+def crc32c(data, crc=0):
+    """The CRC32C (Castagnoli) of data, continuing from crc."""
+    addr, n, keep = _address(data)
+    r = _lib.lib().ckpt_crc32c(crc, addr, n)
+    del keep
+    return r
+
+
+def io_count(op, suffix=""):
+    """How many ``op`` calls ("read", "put", "stat", "list", "delete") on
+    keys ending with suffix the stores opened in this process have made
+    (diagnostics and tests: "the metadata was read once"). Counting is on
+    only when the process starts with CKPTKIT_IO_COUNT=1; otherwise -1."""
+    return _lib.lib().ckpt_io_count(op.encode(), suffix.encode())
+
+
+def goroutines():
+    """The Go runtime's goroutine count (leak tests)."""
+    return _lib.lib().ckpt_goroutines()
+
+
+class ObjectInfo:
+    """One listing entry: key (relative to the store), size, mtime_ns."""
+
+    __slots__ = ("key", "size", "mtime_ns")
+
+    def __init__(self, key, size, mtime_ns):
+        self.key, self.size, self.mtime_ns = key, size, mtime_ns
+
+    def __repr__(self):
+        return f"ObjectInfo({self.key!r}, size={self.size})"
+
+
+class Store(_lib.Closing):
+    """A storage prefix opened by URL (file://, mem://, s3://, gs://, plugin
+    schemes from $CKPTKIT_PLUGIN_DIR). Safe to use from several threads;
+    every call releases the GIL while the Go core works."""
+
+    def __init__(self, url):
+        self._h = ctypes.c_size_t(0)
+        self._borrowed = False
+        _lib.call("ckpt_open", url.encode(), ctypes.byref(self._h))
+        self.url = url
+
+    @classmethod
+    def _from_handle(cls, handle, url):
+        st = cls.__new__(cls)
+        st._h = ctypes.c_size_t(handle)
+        st.url = url
+        st._borrowed = True
+        return st
+
+    def _handle(self):
+        if not self._h.value:
+            raise UsageError(f"store {self.url} is closed")
+        return self._h
+
+    def close(self):
+        """Release the store (idempotent)."""
+        if self._h.value:
+            h, self._h = self._h, ctypes.c_size_t(0)
+            if not self._borrowed:
+                _lib.call("ckpt_close", h)
+
+    def object_url(self, key=""):
+        """The redacted URL of key below the store."""
+        return _lib.take_string(_lib.lib().ckpt_url(self._handle(), key.encode()))
+
+    def capabilities(self):
+        """The backend's capabilities (create_if_absent, server_crc32c, ...)."""
+        out = ctypes.c_void_p()
+        _lib.call("ckpt_capabilities", self._handle(), ctypes.byref(out))
+        return json.loads(_lib.take_string(out))
+
+    def put(self, key, data, *, if_absent=False, groups=None):
+        """Write data (one buffer or a list of buffers, concatenated) as key,
+        of exactly their total size, with its CRC32C (checked by the server
+        where the backend supports it). With if_absent the write fails with
+        ConflictError when key exists (UnsupportedError where the backend
+        has no atomic create-if-absent). groups, one non-decreasing number
+        per buffer from 0, gathers consecutive buffers into items (default:
+        one item per buffer). Returns (total_crc, [crc per item])."""
+        bufs = data if isinstance(data, (list, tuple)) else [data]
+        n = len(bufs)
+        ptrs = (ctypes.c_void_p * max(n, 1))()
+        lens = (ctypes.c_int64 * max(n, 1))()
+        ngroups = (groups[-1] + 1) if groups else n
+        crcs = (ctypes.c_uint32 * max(ngroups, 1))()
+        garr = (ctypes.c_int32 * max(n, 1))(*groups) if groups else None
+        keep = []
+        for i, b in enumerate(bufs):
+            addr, ln, k = _address(b)
+            ptrs[i] = addr
+            lens[i] = ln
+            keep.append(k)
+        total = ctypes.c_uint32(0)
+        _lib.call(
+            "ckpt_put",
+            self._handle(),
+            key.encode(),
+            ptrs,
+            lens,
+            garr,
+            n,
+            1 if if_absent else 0,
+            crcs,
+            ctypes.byref(total),
+        )
+        del keep
+        return total.value, list(crcs[:ngroups])
+
+    def read_into(self, key, offset, buf):
+        """Read exactly len(buf) bytes of key at offset into the writable
+        buffer buf (no copy through Python); returns their CRC32C."""
+        addr, n, keep = _address(buf)
+        if memoryview(buf).readonly:
+            raise UsageError("read_into needs a writable buffer")
+        crc = ctypes.c_uint32(0)
+        _lib.call("ckpt_read", self._handle(), key.encode(), offset, n, addr, ctypes.byref(crc))
+        del keep
+        return crc.value
+
+    def read(self, key, offset=0, length=None):
+        """Read length bytes of key at offset (the whole object when length
+        is None)."""
+        if length is None:
+            out = ctypes.c_void_p()
+            n = ctypes.c_int64(0)
+            _lib.call("ckpt_read_all", self._handle(), key.encode(), 0, ctypes.byref(out), ctypes.byref(n))
+            data = _lib.take_bytes(out.value, n.value)
+            return data[offset:] if offset else data
+        buf = bytearray(length)
+        self.read_into(key, offset, buf)
+        return bytes(buf)
+
+    def stat(self, key):
+        """(size, mtime_ns, crc32c or None) of key; NotFoundError when absent."""
+        size, mt, crc, has = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_uint32(), ctypes.c_int()
+        _lib.call(
+            "ckpt_stat",
+            self._handle(),
+            key.encode(),
+            ctypes.byref(size),
+            ctypes.byref(mt),
+            ctypes.byref(crc),
+            ctypes.byref(has),
+        )
+        return size.value, mt.value, (crc.value if has.value else None)
+
+    def exists(self, key):
+        """Whether key exists."""
+        try:
+            self.stat(key)
+            return True
+        except NotFoundError:
+            return False
+
+    def list(self, prefix=""):
+        """The objects under prefix, in ascending key order."""
+        out = ctypes.c_void_p()
+        _lib.call("ckpt_list", self._handle(), prefix.encode(), ctypes.byref(out))
+        return [ObjectInfo(e["key"], e["size"], e["mtime_ns"]) for e in json.loads(_lib.take_string(out))]
+
+    def delete(self, key):
+        """Remove key; a missing key is not an error."""
+        _lib.call("ckpt_delete", self._handle(), key.encode())

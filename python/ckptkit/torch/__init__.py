@@ -1,0 +1,390 @@
+"""ckptkit for PyTorch: DCP storage on every ckptkit URL and the resume rules
+as one call.
+
+    from ckptkit.torch import save, resume, StorageWriter, StorageReader
+
+    save("s3://b/run7?endpoint=...", model, optim, step=100, scheduler=sched)
+    rep = resume("s3://b/run7?endpoint=...", model, optim, scheduler=sched)
+    start = 0 if rep is None else rep.step
+
+Supported: torch >= 2.4 (tested on 2.6); plain modules, DDP, and
+DTensor-sharded parameters (the FSDP2 layout), on any world size; resuming on
+another world size. docs/TORCH.md documents it.
+"""
+
+import base64
+import json
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
+
+from ckptkit.errors import (
+    LayoutMismatchError,
+    UnsupportedError,
+    UsageError,
+)
+
+from ._storage import Checkpoint, StorageReader, StorageWriter, decode_integrity, encode_integrity
+
+__all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
+           "encode_integrity", "decode_integrity"]
+
+log = logging.getLogger("ckptkit")
+
+#: Top-level keys of the state ckptkit.torch.save writes.
+MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
+SCHEDULER_KEY = "scheduler"
+STEP_KEY = "step"
+
+_DTYPES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+    torch.complex64: "complex64",
+}
+
+
+def step_url(run_url, step):
+    """The checkpoint URL of step under run_url: run_url/step-<8 digits>
+    (query parameters of the run URL kept)."""
+    base, sep, query = run_url.partition("?")
+    return f"{base.rstrip('/')}/step-{int(step):08d}{sep}{query}"
+
+
+def _rank():
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _unwrap(model):
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    while isinstance(model, (DistributedDataParallel, DataParallel)):
+        model = model.module
+    return model
+
+
+def _param_names(model):
+    return {id(p): name for name, p in _unwrap(model).named_parameters()}
+
+
+def _group_fqns(model, optimizer):
+    """The FQNs of each param group's parameters, in group order."""
+    names = _param_names(model)
+    out = []
+    for g in optimizer.param_groups:
+        fqns = []
+        for p in g["params"]:
+            if id(p) not in names:
+                raise UsageError("the optimizer holds a parameter that is not a parameter of the model")
+            fqns.append(names[id(p)])
+        out.append(fqns)
+    return out
+
+
+def _optimizer_state(model, optimizer):
+    """The optimizer's state keyed by parameter FQN, as torch's
+    get_optimizer_state_dict lays it out (state.<fqn>.<slot>,
+    param_groups.<i>.<field>, params listing FQNs), without initialising
+    any state."""
+    osd = optimizer.state_dict()
+    fqns = _group_fqns(model, optimizer)
+    idx2fqn = {}
+    i = 0
+    for group in fqns:
+        for f in group:
+            idx2fqn[i] = f
+            i += 1
+    state = {idx2fqn[idx]: dict(s) for idx, s in osd["state"].items()}
+    groups = []
+    for g, names in zip(osd["param_groups"], fqns):
+        g = dict(g)
+        g["params"] = list(names)
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer=True, extra_state=None,
+         **writer_options):
+    """Write run_url/step-<8 digits>/ through StorageWriter, collectively over
+    the default process group (or alone without one): the model, the
+    optimizer (FQN keyed; unless save_optimizer=False, which still saves the
+    step and the scheduler and records the optimizer as deliberately
+    omitted), the scheduler, the step and extra_state (a dict of further
+    top-level keys). Returns the checkpoint URL."""
+    sd = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
+    record = "none"
+    if optimizer is not None:
+        if save_optimizer:
+            sd[OPTIMIZER_KEY] = _optimizer_state(model, optimizer)
+            record = "saved"
+        else:
+            record = "omitted"
+    elif not save_optimizer:
+        record = "omitted"
+    if scheduler is not None:
+        sd[SCHEDULER_KEY] = scheduler.state_dict()
+    for k, v in (extra_state or {}).items():
+        if k in sd:
+            raise UsageError(f"extra_state key {k!r} is reserved")
+        sd[k] = v
+    url = step_url(run_url, step)
+    dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, **writer_options))
+    return url
+
+
+@dataclass
+class ResumeReport:
+    """What resume did."""
+
+    #: The step (iteration) the checkpoint was saved at.
+    step: int
+    #: The checkpoint's URL (credentials redacted).
+    url: str
+    #: FQNs whose optimizer state was wholly absent (never received a
+    #: gradient before the save) and left fresh.
+    lazy_params: list = field(default_factory=list)
+    #: False when the optimizer was not loaded (load_optimizer=False, or the
+    #: checkpoint deliberately omitted it).
+    optimizer_loaded: bool = False
+    #: Newer checkpoints of the run that were skipped, with the reason.
+    skipped: list = field(default_factory=list)
+    #: Checkpoint keys nothing asked for.
+    extra_keys: list = field(default_factory=list)
+    #: The Go loader's one-line summary.
+    summary: str = ""
+    #: Bytes read and read requests.
+    bytes_read: int = 0
+    read_requests: int = 0
+
+
+def _slots(optimizer):
+    """The per-parameter slot names and their fresh templates for the
+    optimizer type (Adam, AdamW)."""
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise UnsupportedError(
+            f"resume knows the per-parameter state of Adam and AdamW, not {type(optimizer).__name__}; "
+            "load it with dcp.load(storage_reader=StorageReader(url)) instead")
+
+    def make(p, group):
+        out = {
+            "step": torch.zeros((), dtype=torch.float32, device=p.device if group.get("capturable") or group.get("fused") else "cpu"),
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+        }
+        if group.get("amsgrad"):
+            out["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return out
+
+    return ["step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"], make
+
+
+def _local(t):
+    """(local tensor, global shape, offsets) of a tensor or DTensor."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 2.4
+        from torch.distributed._tensor import DTensor
+    if isinstance(t, DTensor):
+        try:
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        except ImportError:
+            from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
+        _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        return t.to_local(), list(t.shape), list(offsets)
+    return t, list(t.shape), None
+
+
+def _decode_bytes(raw):
+    if raw[:4] == b"PK\x03\x04":
+        import io
+
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    return json.loads(raw)
+
+
+def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, frozen=(), extra_state=None,
+           optimizer_prefix=OPTIMIZER_KEY):
+    """Resume model, optimizer and scheduler from the checkpoint at url, or
+    from the newest committed checkpoint of the run at url that verifies (as
+    `ckpt latest`); returns a ResumeReport, or None when the run has no
+    committed checkpoint.
+
+    The Go core applies every rule of docs/RESUME.md and reads and checks
+    every byte before anything is modified: lazily absent optimizer state is
+    left fresh and reported (``lazy_params``); partial state raises
+    PartialStateError, an optimizer whose saved state matches no parameter
+    LayoutMismatchError, chunks that do not tile a tensor CoverageError, a
+    bad CRC32C ChecksumError; model keys are strict except the FQNs in
+    ``frozen``. load_optimizer=False still restores the step and the
+    scheduler (and sets each group's lr from the scheduler). extra_state,
+    a dict of further top-level keys, is filled in place. The metadata is
+    read once, by the reader that then serves the data."""
+    rank = _rank()
+    ck = _open_choice(url)
+    try:
+        if ck.none:
+            return None
+        return _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank)
+    finally:
+        ck.close()
+
+
+def _open_choice(url):
+    """Open the checkpoint to resume from; with a process group, rank 0
+    chooses and the others open its choice."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return Checkpoint(url)
+    choice = [None]
+    ck = None
+    if dist.get_rank() == 0:
+        ck = Checkpoint(url)
+        choice = ["" if ck.none else (ck.info.get("name") or "")]
+    dist.broadcast_object_list(choice, src=0)
+    if ck is not None:
+        return ck
+    if choice[0] == "":
+        # rank 0 found no checkpoint, or url is a checkpoint itself.
+        return Checkpoint(url)
+    base, sep, query = url.partition("?")
+    return Checkpoint(f"{base.rstrip('/')}/{choice[0]}{sep}{query}")
+
+
+def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank):
+    md = ck.torch_metadata()
+    saved_keys = set(md.state_dict_metadata)
+    m = _unwrap(model)
+    target = {MODEL_KEY: m.state_dict()}
+    slot_names = None
+    if optimizer is not None and load_optimizer:
+        slot_names, make = _slots(optimizer)
+        fqns = _group_fqns(model, optimizer)
+        names = {id(p): n for n, p in m.named_parameters()}
+        state = {}
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                if p.requires_grad:
+                    state[names[id(p)]] = make(p, g)
+        groups = []
+        for g, gf in zip(optimizer.state_dict()["param_groups"], fqns):
+            g = dict(g)
+            g["params"] = list(gf)
+            groups.append(g)
+        target[optimizer_prefix] = {"state": state, "param_groups": groups}
+    if scheduler is not None:
+        target[SCHEDULER_KEY] = scheduler.state_dict()
+    if STEP_KEY in saved_keys:
+        target[STEP_KEY] = 0
+    for k, v in (extra_state or {}).items():
+        target[k] = v
+    flat, mapping = flatten_state_dict(target)
+
+    tensors, bytes_keys, buffers, copies = [], [], [], []
+    for key, v in flat.items():
+        if isinstance(v, torch.Tensor):
+            local, shape, offsets = _local(v)
+            if local.device.type != "cpu":
+                raise UnsupportedError(f"{key}: resume loads into CPU tensors only (got {local.device})")
+            dst = local
+            if not local.is_contiguous():
+                dst = local.contiguous()
+                copies.append((local, dst))
+            dt = _DTYPES.get(dst.dtype)
+            if dt is None:
+                raise UnsupportedError(f"{key}: dtype {dst.dtype} is not supported")
+            nbytes = dst.numel() * dst.element_size()
+            spec = {"key": key, "dtype": dt, "shape": shape, "sizes": list(dst.shape), "nbytes": nbytes, "buf": len(buffers)}
+            if offsets is not None:
+                spec["offsets"] = offsets
+            buffers.append(dst.data_ptr() if nbytes else None)
+            tensors.append(spec)
+        else:
+            bytes_keys.append(key)
+    spec = {
+        "targets": [{"tensors": tensors, "bytes": bytes_keys}],
+        "no_load_optimizer": not (optimizer is not None and load_optimizer),
+        "model_prefix": MODEL_KEY,
+        "optimizer_prefix": optimizer_prefix,
+        "frozen": [f"{MODEL_KEY}.{f}" for f in frozen],
+        "quiet": True,
+    }
+    if slot_names:
+        spec["optimizer_slots"] = slot_names
+    # Every rule and every CRC is checked before any buffer is written.
+    rep = ck.load(spec, buffers)
+    for local, dst in copies:
+        local.copy_(dst)
+
+    values = {}
+    for k, b64 in (rep.get("bytes") or [{}])[0].items():
+        if b64 is not None:
+            values[k] = _decode_bytes(base64.b64decode(b64))
+    for k, v in values.items():
+        flat[k] = v
+    nested = unflatten_state_dict(flat, mapping)
+
+    lazy = list(rep.get("LazyParams") or [])
+    loaded_optim = bool(rep.get("OptimizerLoaded")) and optimizer is not None and load_optimizer
+    if loaded_optim:
+        _apply_optimizer(model, optimizer, nested[optimizer_prefix], set(lazy))
+    if scheduler is not None and SCHEDULER_KEY in nested:
+        scheduler.load_state_dict(nested[SCHEDULER_KEY])
+        if optimizer is not None and not loaded_optim:
+            # The LR is part of the schedule: a fresh optimizer takes it over.
+            for g, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                g["lr"] = lr
+    for k in extra_state or {}:
+        extra_state[k] = nested[k]
+    step = rep.get("Iteration") or 0
+    if STEP_KEY in nested and isinstance(nested[STEP_KEY], int):
+        step = nested[STEP_KEY]
+    out = ResumeReport(step=int(step), url=ck.url, lazy_params=lazy, optimizer_loaded=loaded_optim,
+                       skipped=ck.info.get("skipped") or [], extra_keys=list(rep.get("ExtraKeys") or []),
+                       summary=rep.get("summary", ""), bytes_read=rep.get("BytesRead", 0),
+                       read_requests=rep.get("ReadRequests", 0))
+    if rank == 0:
+        log.info("%s", out.summary)
+    return out
+
+
+def _apply_optimizer(model, optimizer, loaded, lazy):
+    """Install the loaded optimizer state with the optimizer's own
+    load_state_dict, leaving the lazily absent parameters without state
+    (fresh), which works on every torch version (torch < 2.10's
+    set_optimizer_state_dict raises a bare KeyError for such an FQN)."""
+    fqns = _group_fqns(model, optimizer)
+    saved_groups = loaded["param_groups"]
+    if len(saved_groups) != len(fqns):
+        raise LayoutMismatchError(
+            f"the checkpoint has {len(saved_groups)} optimizer param groups, the optimizer {len(fqns)}")
+    state, groups, idx = {}, [], 0
+    for g, names in zip(saved_groups, fqns):
+        saved_names = list(g.get("params", []))
+        if sorted(saved_names) != sorted(names):
+            raise LayoutMismatchError(
+                f"optimizer param group parameters differ: checkpoint {saved_names[:5]}, optimizer {names[:5]}")
+        g = dict(g)
+        if isinstance(g.get("betas"), list):
+            g["betas"] = tuple(g["betas"])
+        ids = []
+        for f in names:
+            if f not in lazy and f in loaded["state"]:
+                state[idx] = loaded["state"][f]
+            ids.append(idx)
+            idx += 1
+        g["params"] = ids
+        groups.append(g)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+

@@ -1,0 +1,576 @@
+"""DCP StorageWriter and StorageReader on every ckptkit URL.
+
+They write and read the standard DCP layout (``__<rank>_<n>.distcp`` files of
+concatenated ``torch.save`` items plus a pickled ``.metadata``), so torch's
+own FileSystemReader loads a ``file://`` checkpoint they wrote, and every
+``ckpt`` command works on it. On top of the layout:
+
+* every item gets a CRC32C, recorded in the integrity object
+  ``.ckptkit-integrity`` written before ``.metadata`` (docs/TORCH_DCP.md);
+  StorageReader checks every byte it reads against it;
+* ``.metadata`` is written last and create-if-absent where the backend has
+  it: it is the only commit point;
+* StorageReader reads ``.metadata`` exactly once per load (through the Go
+  core, which also checks it with its restricted unpickler before Python
+  unpickles it) and serves every data read itself: coalesced ranged reads,
+  concurrent, CRC-checked.
+"""
+
+import concurrent.futures
+import ctypes
+import dataclasses
+import io
+import json
+import os
+import pickle
+import queue
+import threading
+import uuid
+import warnings
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader as _TorchStorageReader
+from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageWriter
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+import ckptkit
+from ckptkit import _lib
+from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
+
+from ._torchsave import view_tensor
+
+METADATA_KEY = ".metadata"
+INTEGRITY_KEY = ".ckptkit-integrity"
+INTEGRITY_HEADER_SIZE = 64
+DEFAULT_PART_SIZE = 64 << 20
+DEFAULT_CONCURRENCY = 4
+DEFAULT_MAX_READ = 32 << 20
+
+
+def _url_of(checkpoint_id):
+    s = os.fspath(checkpoint_id)
+    if "://" not in s:
+        s = "file://" + os.path.abspath(s)
+    return s
+
+
+def encode_integrity(items, optimizer=None):
+    """The integrity object's bytes: a 64-byte header line
+    ``ckptkit-dcp-integrity/1 <size>`` and a JSON body (docs/TORCH_DCP.md)."""
+    body = {"algorithm": "crc32c", "items": items}
+    if optimizer:
+        body["optimizer"] = optimizer
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    total = INTEGRITY_HEADER_SIZE + len(raw)
+    head = f"ckptkit-dcp-integrity/1 {total}".ljust(INTEGRITY_HEADER_SIZE - 1) + "\n"
+    return head.encode() + raw
+
+
+def decode_integrity(data):
+    """The {(object, offset, length): crc32c} map and the body of an
+    integrity object."""
+    head = data[:INTEGRITY_HEADER_SIZE].decode("ascii", "replace")
+    if not head.startswith("ckptkit-dcp-integrity/1 ") or len(data) != int(head.split()[1]):
+        raise ckptkit.BadCheckpointError(f"malformed integrity object (header {head.strip()!r})")
+    body = json.loads(data[INTEGRITY_HEADER_SIZE:])
+    if body.get("algorithm") != "crc32c":
+        raise ckptkit.BadCheckpointError(f"integrity object: algorithm {body.get('algorithm')!r}, want crc32c")
+    return {(i["object"], i["offset"], i["length"]): i["crc32c"] for i in body["items"]}, body
+
+
+@dataclasses.dataclass
+class _StoredItem:
+    """What write_data reports per item (gathered on the coordinator)."""
+
+    relative_path: str
+    offset: int
+    length: int
+    crc32c: int
+
+
+class StorageWriter(_TorchStorageWriter):
+    """A DCP StorageWriter writing to a ckptkit URL.
+
+    ``dcp.save(sd, storage_writer=StorageWriter("s3://b/run/step-00000100"))``
+
+    Options: ``part_size`` (bytes of items per data object, default 64 MiB;
+    an item larger than that gets an object of its own), ``concurrency``
+    (uploads in flight per rank, default 4), ``overwrite`` (replace a
+    committed checkpoint; default False fails with ConflictError),
+    ``optimizer`` (the training-state record's optimizer part written to the
+    integrity object: "saved", "omitted" or None). Memory beyond torch's own
+    tensors: tensor bytes are uploaded straight from the tensors (a view of a
+    larger storage is cloned first, as FileSystemWriter does); only the
+    torch.save headers and bytes items are copied, into (concurrency + 1)
+    reusable buffers. A tensor stays referenced until its part is uploaded,
+    and write_data returns only when every part is.
+    """
+
+    def __init__(self, url, *, part_size=DEFAULT_PART_SIZE, concurrency=DEFAULT_CONCURRENCY, overwrite=False,
+                 optimizer=None):
+        super().__init__()
+        self.url = _url_of(url)
+        self.part_size = int(part_size)
+        self.concurrency = max(1, int(concurrency))
+        self.overwrite = overwrite
+        self.optimizer = optimizer
+        self.save_id = str(uuid.uuid4())
+        self._store = None
+
+    # -- torch.distributed.checkpoint.StorageWriter --------------------------
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id:
+            self.url = _url_of(checkpoint_id)
+            self._close()
+        self.save_id = str(uuid.uuid4())
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, str) and "://" in checkpoint_id
+
+    def set_up_storage_writer(self, is_coordinator):
+        self.is_coordinator = is_coordinator
+        self._open()
+
+    def prepare_local_plan(self, plan):
+        st = self._open()
+        if st.exists(METADATA_KEY) and not self.overwrite:
+            raise ConflictError(f"a committed checkpoint already exists at {st.object_url(METADATA_KEY)} (overwrite=False)")
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
+
+    def write_data(self, plan, planner):
+        st = self._open()
+        prefix = plan.storage_data
+        # Bytes items first (small), then tensors, like FileSystemWriter.
+        items = [wi for wi in plan.items if wi.type == WriteItemType.BYTE_IO]
+        items += [wi for wi in plan.items if wi.type != WriteItemType.BYTE_IO]
+        results = []
+        lock = threading.Lock()
+        # concurrency parts uploading plus one being filled, reused. A part
+        # copies only the small writes (headers, bytes items); tensor bytes
+        # are uploaded from the tensors themselves.
+        free = queue.Queue()
+        for _ in range(self.concurrency + 1):
+            free.put(_Part(1 << 20))
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
+        futures = []
+
+        def upload(name, part):
+            try:
+                bufs, groups = part.body()
+                _, crcs = st.put(name, bufs, groups=groups)
+                out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc))
+                       for (wi, off, n), crc in zip(part.items, crcs)]
+                del bufs
+                with lock:
+                    results.extend(out)
+            finally:
+                part.reset()
+                free.put(part)
+
+        count = 0
+        part = None
+        try:
+            for wi in items:
+                if part is None:
+                    part = free.get()
+                if part.size and part.size + _estimate(wi) > self.part_size:
+                    futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
+                    count += 1
+                    part = free.get()
+                _serialize_into(planner, wi, part)
+            if part is not None and part.items:
+                futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
+            for f in futures:
+                f.result()
+        finally:
+            pool.shutdown(wait=True)
+        fut = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata, results):
+        st = self._open()
+        storage_md = {}
+        items = []
+        for wr_list in results:
+            for wr in wr_list:
+                s = wr.storage_data
+                storage_md[wr.index] = _StorageInfo(s.relative_path, s.offset, s.length)
+                items.append({"object": s.relative_path, "offset": s.offset, "length": s.length, "crc32c": s.crc32c})
+        items.sort(key=lambda i: (i["object"], i["offset"]))
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        # The integrity object first; the metadata last: the commit point.
+        st.put(INTEGRITY_KEY, encode_integrity(items, self.optimizer))
+        data = pickle.dumps(metadata)
+        if self.overwrite:
+            st.delete(METADATA_KEY)
+        try:
+            st.put(METADATA_KEY, data, if_absent=True)
+        except UnsupportedError:
+            # No atomic create-if-absent on this backend: checked in
+            # prepare_local_plan, written plainly.
+            st.put(METADATA_KEY, data)
+
+    def storage_meta(self):
+        return StorageMeta(checkpoint_id=self.url, save_id=self.save_id)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _open(self):
+        if self._store is None:
+            self._store = ckptkit.Store(self.url)
+        return self._store
+
+    def _close(self):
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    @property
+    def checkpoint_id(self):
+        return self.url
+
+
+class _Part:
+    """One data object being filled, written into by torch.save like a file.
+    Small writes (zip headers, data.pkl, bytes items) are copied into a
+    reusable buffer; the write of a tensor's storage, which torch hands out
+    as a view of the storage itself, is kept by address (the tensor is
+    kept alive until the upload is done), so the bytes are not copied in
+    Python at all. Each item's segments form one CRC group."""
+
+    _ZERO_COPY_MIN = 64 << 10
+
+    def __init__(self, cap):
+        self.buf = bytearray(cap)
+        self.reset()
+
+    def reset(self):
+        self.pos = 0  # fill of buf
+        self.size = 0  # bytes of the object so far
+        self.items = []  # (write item, offset, length)
+        self.segments = []  # [item index, "buf", start, end] or [item index, "raw", addr, n]
+        self.keep = []
+        self.lo = self.hi = 0
+
+    def begin(self, tensor=None):
+        """Start the next item; tensor is the one torch.save is about to write."""
+        self.item_start = self.size
+        if tensor is not None:
+            st = tensor.untyped_storage()
+            self.lo, self.hi = st.data_ptr(), st.data_ptr() + st.nbytes()
+            self.keep.append(tensor)
+        else:
+            self.lo = self.hi = 0
+
+    def end(self, wi):
+        self.items.append((wi, self.item_start, self.size - self.item_start))
+
+    def write(self, b):
+        mv = memoryview(b).cast("B")
+        n = mv.nbytes
+        item = len(self.items)
+        if n >= self._ZERO_COPY_MIN and self.hi:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # frombuffer warns about read-only views
+                addr = torch.frombuffer(mv, dtype=torch.uint8).data_ptr()
+            if self.lo <= addr and addr + n <= self.hi:
+                self.segments.append([item, "raw", addr, n])
+                self.size += n
+                return n
+        end = self.pos + n
+        if end > len(self.buf):
+            self.buf.extend(bytes(end - len(self.buf)))
+        self.buf[self.pos : end] = mv
+        last = self.segments[-1] if self.segments else None
+        if last and last[0] == item and last[1] == "buf" and last[3] == self.pos:
+            last[3] = end
+        else:
+            self.segments.append([item, "buf", self.pos, end])
+        self.pos = end
+        self.size += n
+        return n
+
+    def flush(self):
+        pass
+
+    def tell(self):
+        return self.size
+
+    def writable(self):
+        return True
+
+    def body(self):
+        """(buffers, groups) for Store.put: each item one group."""
+        whole = memoryview(self.buf)
+        bufs, groups = [], []
+        for item, kind, a, b in self.segments:
+            bufs.append(whole[a:b] if kind == "buf" else ckptkit.RawBuffer(a, b))
+            groups.append(item)
+        return bufs, groups
+
+
+def _estimate(wi):
+    """An item's serialized size, about (torch.save adds < 1 KiB)."""
+    if wi.type == WriteItemType.BYTE_IO or wi.tensor_data is None:
+        return 4096
+    n = 1
+    for d in wi.tensor_data.size:
+        n *= d
+    return n * torch._utils._element_size(wi.tensor_data.properties.dtype) + 1024
+
+
+def _serialize_into(planner, wi, part):
+    """Append one item's stored bytes to part: the BytesIO of a bytes item,
+    or torch.save of a tensor (its own storage only, like FileSystemWriter)."""
+    data = planner.resolve_data(wi)
+    if wi.type == WriteItemType.BYTE_IO:
+        part.begin()
+        part.write(data.getbuffer())
+        part.end(wi)
+        return
+    t = data.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    part.begin(t)
+    torch.save(t, part)
+    part.end(wi)
+
+
+class StorageReader(_TorchStorageReader):
+    """A DCP StorageReader reading from a ckptkit URL (or an open
+    :class:`Checkpoint`, whose metadata it then does not read again).
+
+    ``dcp.load(sd, storage_reader=StorageReader("gs://b/run/step-00000100"))``
+
+    It reads ``.metadata`` once per load, checks every item against the
+    integrity object's CRC32C when the checkpoint has one (those written by
+    torch itself have none), and reads data in coalesced ranged reads of at
+    most ``max_read`` bytes, ``concurrency`` at a time.
+    """
+
+    def __init__(self, url, *, concurrency=DEFAULT_CONCURRENCY, max_read=DEFAULT_MAX_READ):
+        super().__init__()
+        self._given = url if isinstance(url, Checkpoint) else None
+        self.url = url.url if self._given else _url_of(url)
+        self.concurrency = max(1, int(concurrency))
+        self.max_read = int(max_read)
+        self._ckpt = self._given
+        self.storage_data = {}
+        self.crcs = None
+        self.load_id = str(uuid.uuid4())
+
+    def reset(self, checkpoint_id=None):
+        self.storage_data = {}
+        if checkpoint_id and _url_of(checkpoint_id) != self.url:
+            self.url = _url_of(checkpoint_id)
+            self._given = None
+            self._close()
+        self.load_id = str(uuid.uuid4())
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, str) and "://" in checkpoint_id
+
+    def read_metadata(self):
+        ck = self._checkpoint()
+        md = ck.torch_metadata()
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        return md
+
+    def set_up_storage_reader(self, metadata, is_coordinator):
+        self.storage_data = metadata.storage_data
+        self.crcs = self._checkpoint().crcs()
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner):
+        ck = self._checkpoint()
+        per_file = {}
+        for req in plan.items:
+            info = self.storage_data[req.storage_index]
+            per_file.setdefault(info.relative_path, []).append((info.offset, info.length, req))
+        # Coalesce adjacent or overlapping item ranges into reads of at most
+        # max_read bytes (one item larger than that is one read).
+        reads = []
+        for path, reqs in per_file.items():
+            reqs.sort(key=lambda r: r[0])
+            cur = None
+            for off, ln, req in reqs:
+                if cur and off <= cur[2] and max(cur[2], off + ln) - cur[1] <= self.max_read:
+                    cur[2] = max(cur[2], off + ln)
+                    cur[3].append((off, ln, req))
+                else:
+                    cur = [path, off, off + ln, [(off, ln, req)]]
+                    reads.append(cur)
+        lock = threading.Lock()
+        local = threading.local()
+
+        def run(r):
+            path, start, end, reqs = r
+            # One reusable read buffer per thread (uninitialised memory, so
+            # no page is zeroed or faulted in twice); every view of it is
+            # copied into its destination before the next read.
+            n = end - start
+            backing = getattr(local, "buf", None)
+            if backing is None or backing.numel() < n:
+                backing = local.buf = torch.empty(max(n, self.max_read), dtype=torch.uint8)
+            mv = memoryview((ctypes.c_char * n).from_address(backing.data_ptr())).cast("B") if n else memoryview(bytearray())
+            ck.read_into(path, start, mv)
+            for off, ln, req in reqs:
+                item = mv[off - start:off - start + ln]
+                if self.crcs is not None:
+                    want = self.crcs.get((path, off, ln))
+                    got = ckptkit.crc32c(item)
+                    if want is None or got != want:
+                        raise ChecksumError(
+                            f"checksum mismatch: key {req.storage_index.fqn!r} in object {ck.object_url(path)} at offset {off} "
+                            f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
+                            rule="checksum")
+                if req.type == LoadItemType.BYTE_IO:
+                    with lock:
+                        planner.load_bytes(req, io.BytesIO(item))
+                    continue
+                # A view of the read buffer when the archive is the plain
+                # layout (no copy); torch.load otherwise.
+                t = view_tensor(item)
+                if t is None:
+                    t = torch.load(io.BytesIO(item), map_location="cpu", weights_only=True)
+                t = _narrow(t, req.storage_offsets, req.lengths)
+                with lock:
+                    dst = planner.resolve_tensor(req).detach()
+                if dst.size() != t.size():
+                    raise ckptkit.MismatchError(f"{req.storage_index.fqn}: stored chunk {tuple(t.size())}, target {tuple(dst.size())}")
+                dst.copy_(t)
+                with lock:
+                    planner.commit_tensor(req, dst)
+
+        if len(reads) <= 1 or self.concurrency == 1:
+            for r in reads:
+                run(r)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-read") as ex:
+                for f in [ex.submit(run, r) for r in reads]:
+                    f.result()
+        fut = Future()
+        fut.set_result(None)
+        return fut
+
+    @property
+    def checkpoint_id(self):
+        return self.url
+
+    def _checkpoint(self):
+        if self._ckpt is None:
+            self._ckpt = Checkpoint(self.url)
+        return self._ckpt
+
+    def _close(self):
+        if self._ckpt is not None and self._ckpt is not self._given:
+            self._ckpt.close()
+        self._ckpt = None
+
+
+def _narrow(t, offsets, lengths):
+    for dim, (off, ln) in enumerate(zip(offsets, lengths)):
+        if off != 0 or ln != t.size(dim):
+            t = t.narrow(dim, off, ln)
+    return t
+
+
+class Checkpoint(_lib.Closing):
+    """An open checkpoint (through the Go core): the checkpoint at url, or the
+    newest committed valid checkpoint of the run at url. Its metadata is read
+    once, at open; ``info`` says which checkpoint it is (``none`` True when a
+    run has no committed checkpoint)."""
+
+    def __init__(self, url):
+        h = ctypes.c_size_t(0)
+        info = ctypes.c_void_p()
+        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), ctypes.byref(h), ctypes.byref(info))
+        self._h = h
+        self.info = json.loads(_lib.take_string(info))
+        self.url = self.info["url"]
+        self._md = None
+        self._crcs = False
+        self._store = ckptkit.Store._from_handle(h.value, self.url)
+
+    @property
+    def none(self):
+        """True when the run holds no committed checkpoint."""
+        return bool(self.info.get("none"))
+
+    def raw_metadata(self):
+        """The metadata object's bytes, as read at open."""
+        out = ctypes.c_void_p()
+        n = ctypes.c_int64(0)
+        _lib.call("ckpt_checkpoint_metadata", self._h, ctypes.byref(out), ctypes.byref(n))
+        return _lib.take_bytes(out.value, n.value)
+
+    def torch_metadata(self):
+        """The DCP Metadata, unpickled from the bytes read at open. The Go
+        core has already decoded them with its restricted unpickler (only
+        DCP classes and plain values), so no other class can appear."""
+        if self._md is None:
+            if self.info.get("format") != "torch-dcp":
+                raise UnsupportedError(f"{self.url} is a {self.info.get('format')} checkpoint, not DCP")
+            md = pickle.loads(self.raw_metadata())
+            if not isinstance(md, Metadata):
+                raise ckptkit.BadCheckpointError(f"{self.url}: .metadata is not a DCP Metadata")
+            self._md = md
+        return self._md
+
+    def crcs(self):
+        """{(object, offset, length): crc32c} from the integrity object, or
+        None when the checkpoint has none (written by torch itself)."""
+        if self._crcs is False:
+            try:
+                data = self._store.read(INTEGRITY_KEY)
+            except ckptkit.NotFoundError:
+                self._crcs = None
+            else:
+                self._crcs = decode_integrity(data)[0]
+        return self._crcs
+
+    def read_into(self, key, offset, buf):
+        """Read len(buf) bytes of data object key at offset into buf."""
+        return self._store.read_into(key, offset, buf)
+
+    def object_url(self, key=""):
+        """The redacted URL of an object of the checkpoint."""
+        return self._store.object_url(key)
+
+    def load(self, spec, buffers):
+        """Run the Go loader (every resume rule, every CRC, before any
+        buffer changes) on spec (see capi/checkpoint.go loadSpec) into the
+        C buffers (addresses) listed in buffers."""
+        n = len(buffers)
+        arr = (ctypes.c_void_p * max(n, 1))(*buffers)
+        out = ctypes.c_void_p()
+        _lib.call("ckpt_checkpoint_load", self._h, json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        return json.loads(_lib.take_string(out))
+
+    def close(self):
+        """Release the checkpoint (idempotent)."""
+        if self._h.value:
+            h, self._h = self._h, ctypes.c_size_t(0)
+            self._store._h = ctypes.c_size_t(0)
+            _lib.call("ckpt_checkpoint_close", h)

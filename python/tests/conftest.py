@@ -1,0 +1,61 @@
+"""Shared fixtures of the ckptkit Python suite (runs inside the torch 2.6
+environment: scripts/torch-env.sh run python3 -m pytest python/tests)."""
+
+import os
+import uuid
+
+import pytest
+
+os.environ.setdefault("USE_LIBUV", "0")
+
+
+def sub_url(url, *parts):
+    """url with path elements appended before its query."""
+    base, sep, query = url.partition("?")
+    return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts]) + sep + query
+
+
+def _backends():
+    out = ["file", "mem"]
+    if os.environ.get("CKPTKIT_TEST_S3_URL"):
+        out.append("s3")
+    if os.environ.get("CKPTKIT_TEST_GCS_URL"):
+        out.append("gcs")
+    return out
+
+
+BACKENDS = _backends()
+
+
+@pytest.fixture(params=["file", "mem", "s3", "gcs"])
+def base_url(request, tmp_path):
+    """A fresh prefix on every backend: file://, mem:// (one process), and the
+    S3 and GCS test servers when scripts/test.sh started them."""
+    name = request.param
+    unique = f"pytest-{uuid.uuid4().hex[:12]}"
+    if name == "file":
+        return "file://" + str(tmp_path)
+    if name == "mem":
+        return f"mem://{unique}"
+    env = {"s3": "CKPTKIT_TEST_S3_URL", "gcs": "CKPTKIT_TEST_GCS_URL"}[name]
+    url = os.environ.get(env)
+    if not url:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{env} is not set (CI=true: the {name} test server must be running)")
+        pytest.skip(f"{env} not set (start the servers: scripts/test-servers.sh)")
+    return sub_url(url, unique)
+
+
+@pytest.fixture
+def file_url(tmp_path):
+    """A fresh file:// prefix."""
+    return "file://" + str(tmp_path)
+
+
+def fixtures_dir():
+    """The shared DCP fixtures (../shared/fixtures from the repo root)."""
+    d = os.environ.get("CKPTKIT_FIXTURES")
+    if d and os.path.isdir(d):
+        return d
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(here, "..", "..", "..", "shared", "fixtures")

@@ -1,0 +1,130 @@
+"""Multi-rank scenarios for test_dist.py, run as
+``python dist_worker.py SCENARIO WORLD RUN_URL OUT_DIR``: WORLD gloo ranks on
+CPU started by examples/torch/launch.py. Rank 0 writes its results to
+OUT_DIR/result.pt."""
+
+import os
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "torch"))
+
+from launch import launch  # noqa: E402 (sets USE_LIBUV=0)
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from models import TinyMoE, make, train  # noqa: E402
+
+DEADLINE_S = 240
+
+
+def _dtensor_api():
+    try:
+        from torch.distributed.tensor import Shard, distribute_tensor
+        from torch.distributed.device_mesh import init_device_mesh
+    except ImportError:  # torch 2.4
+        from torch.distributed._tensor import Shard, distribute_tensor
+        from torch.distributed.device_mesh import init_device_mesh
+    return Shard, distribute_tensor, init_device_mesh
+
+
+def sharded_moe(seed):
+    """A TinyMoE whose parameters are DTensors sharded on dim 0 over all
+    ranks (the FSDP2 layout), and an AdamW over them."""
+    Shard, distribute_tensor, init_device_mesh = _dtensor_api()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(seed)
+    m = TinyMoE()
+    for mod in m.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            setattr(mod, name, torch.nn.Parameter(distribute_tensor(p.detach().clone(), mesh, [Shard(0)])))
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return m, opt, sched, mesh
+
+
+def step_sharded(m, opt, sched, mesh, steps):
+    """AdamW steps with fixed gradients for every parameter but experts.1
+    (which so has no state: lazily absent)."""
+    Shard, distribute_tensor, _ = _dtensor_api()
+    g = torch.Generator().manual_seed(123)
+    for _ in range(steps):
+        for n, p in m.named_parameters():
+            full = torch.randn(p.shape, generator=g)
+            p.grad = None if n.startswith("experts.1.") else distribute_tensor(full, mesh, [Shard(0)])
+        opt.step()
+        sched.step()
+
+
+def full_state(m, opt):
+    """Full (gathered) model and optimizer tensors by FQN."""
+    names = {id(p): n for n, p in m.named_parameters()}
+    out = {}
+    for k, v in m.state_dict().items():
+        out["model." + k] = v.full_tensor() if hasattr(v, "full_tensor") else v.detach().clone()
+    for p, st in opt.state.items():
+        for k, v in st.items():
+            out[f"optim.{names[id(p)]}.{k}"] = v.full_tensor() if hasattr(v, "full_tensor") else v.detach().clone()
+    return out
+
+
+def run(rank, world, scenario, url, out):
+    import ckptkit.torch as ct
+
+    result = {}
+    if scenario == "dtensor-save":
+        m, opt, sched, mesh = sharded_moe(0)
+        step_sharded(m, opt, sched, mesh, 3)
+        ct.save(url, m, opt, step=3, scheduler=sched)
+        result = full_state(m, opt)
+        result["lr"] = opt.param_groups[0]["lr"]
+    elif scenario == "dtensor-resume":
+        m, opt, sched, mesh = sharded_moe(99)
+        rep = ct.resume(url, m, opt, scheduler=sched)
+        result = full_state(m, opt)
+        result.update(step=rep.step, lazy=sorted(rep.lazy_params), lr=opt.param_groups[0]["lr"])
+    elif scenario == "ddp-save":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        m, opt, sched = make(0)
+        dm = DDP(m, find_unused_parameters=True)
+        train(dm, opt, sched, 3, route=None, seed=10 + rank)  # different data per rank
+        ct.save(url, dm, opt, step=3, scheduler=sched)
+        result = full_state(m, opt)
+    elif scenario == "ddp-resume":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        m, opt, sched = make(42)
+        dm = DDP(m, find_unused_parameters=True)
+        rep = ct.resume(url, dm, opt, scheduler=sched)
+        result = full_state(m, opt)
+        result.update(step=rep.step, lazy=sorted(rep.lazy_params))
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    dist.barrier()
+    if rank == 0:
+        torch.save(result, os.path.join(out, "result.pt"))
+
+
+def main():
+    scenario, world, url, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    os.makedirs(out, exist_ok=True)
+    if world == 1 and scenario.endswith("resume-plain"):
+        import ckptkit.torch as ct
+
+        m, opt, sched = make(7)
+        rep = ct.resume(url, m, opt, scheduler=sched)
+        res = full_state(m, opt)
+        res.update(step=rep.step, lazy=sorted(rep.lazy_params), lr=opt.param_groups[0]["lr"])
+        torch.save(res, os.path.join(out, "result.pt"))
+        return
+    codes = launch(world, run, (scenario, url, out), deadline_s=DEADLINE_S)
+    if any(c != 0 for c in codes):
+        raise SystemExit(f"ranks exited with {codes}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""ckptkit.torch.save / resume: the resume rules of docs/RESUME.md, on torch
+2.6, through the Go loader."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import ckptkit
+from ckptkit.torch import StorageWriter, resume, save, step_url
+
+from conftest import fixtures_dir, sub_url
+from models import make, same, snapshot, train
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is unavailable")
+
+EXPERT1 = [f"experts.1.{w}.{p}" for w in ("w_in", "w_out") for p in ("weight", "bias")]
+
+
+def _trained(steps=3, route=0):
+    m, opt, sched = make()
+    train(m, opt, sched, steps, route=route)
+    return m, opt, sched
+
+
+def _train_on_identically(m, opt, sched, m2, opt2, sched2):
+    """The weights agree now, and after training on from both ends."""
+    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+    train(m, opt, sched, 2, seed=5)
+    train(m2, opt2, sched2, 2, seed=5)
+    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_save_and_resume_on_every_backend(base_url):
+    m, opt, sched = _trained()
+    url = save(base_url, m, opt, step=3, scheduler=sched)
+    assert url == sub_url(base_url, "step-00000003")
+    m2, opt2, sched2 = make(seed=7)
+    rep = resume(base_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 3 and rep.optimizer_loaded
+    for (a, b) in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert opt.state[p].keys() == opt2.state[q].keys()
+        for k in opt.state[p]:
+            assert torch.equal(opt.state[p][k], opt2.state[q][k]), k
+    assert sched2.last_epoch == sched.last_epoch
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    _train_on_identically(m, opt, sched, m2, opt2, sched2)
+
+
+def test_fresh_run_resumes_to_none(base_url):
+    m, opt, sched = make()
+    assert resume(base_url, m, opt, scheduler=sched) is None
+
+
+def test_lazily_absent_state_is_pruned_and_reported(file_url, caplog):
+    m, opt, sched = _trained(route=0)  # expert 1 never gets a token
+    assert all(p not in opt.state for n, p in m.named_parameters() if n.startswith("experts.1."))
+    save(file_url, m, opt, step=3, scheduler=sched)
+    m2, opt2, sched2 = make(seed=3)
+    with caplog.at_level("INFO", logger="ckptkit"):
+        rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert sorted(rep.lazy_params) == sorted(EXPERT1)
+    names = dict(m2.named_parameters())
+    for n in EXPERT1:
+        assert names[n] not in opt2.state  # fresh, exactly as never stepped
+    assert len([r for r in caplog.records if "4 parameters had no optimizer state" in r.getMessage()]) == 1
+
+
+def _save_custom(url, m, opt, sched, step, mutate):
+    """Save the layout ckptkit.torch.save writes, with mutate applied to the
+    optimizer state first (to make corrupt or foreign checkpoints)."""
+    from ckptkit.torch import _optimizer_state
+
+    osd = _optimizer_state(m, opt)
+    mutate(osd)
+    sd = {"model": m.state_dict(), "optimizer": osd, "scheduler": sched.state_dict(), "step": step}
+    dcp.save(sd, storage_writer=StorageWriter(step_url(url, step), optimizer="saved"))
+
+
+def test_partial_state_is_refused_before_anything_changes(file_url):
+    m, opt, sched = _trained()
+    _save_custom(file_url, m, opt, sched, 3, lambda osd: osd["state"]["embed.bias"].pop("exp_avg_sq"))
+    m2, opt2, sched2 = _trained(steps=1)
+    before = snapshot(m2, opt2)
+    lr, epoch = opt2.param_groups[0]["lr"], sched2.last_epoch
+    # By the checkpoint URL (the loader's rules) and by the run URL (the
+    # choice of the newest valid checkpoint, none here).
+    for url in (step_url(file_url, 3), file_url):
+        with pytest.raises(ckptkit.PartialStateError) as e:
+            resume(url, m2, opt2, scheduler=sched2)
+        msg = str(e.value)
+        assert "embed.bias" in msg and "optimizer.state.embed.bias.exp_avg_sq" in msg
+        assert isinstance(e.value, ckptkit.CheckpointError) and e.value.cls == ckptkit.errors.BAD_CHECKPOINT
+        assert same(before, snapshot(m2, opt2))
+        assert (lr, epoch) == (opt2.param_groups[0]["lr"], sched2.last_epoch)
+
+
+def test_renamed_optimizer_prefix_is_a_layout_mismatch(file_url):
+    m, opt, sched = _trained()
+
+    def rename(osd):
+        osd["state"] = {"module." + k: v for k, v in osd["state"].items()}
+        for g in osd["param_groups"]:
+            g["params"] = ["module." + p for p in g["params"]]
+
+    _save_custom(file_url, m, opt, sched, 3, rename)
+    m2, opt2, sched2 = make(seed=4)
+    before = snapshot(m2, opt2)
+    for url in (step_url(file_url, 3), file_url):
+        with pytest.raises(ckptkit.LayoutMismatchError) as e:
+            resume(url, m2, opt2, scheduler=sched2)
+        assert "module.embed" in str(e.value)
+        assert same(before, snapshot(m2, opt2))
+
+
+def test_save_without_optimizer_keeps_step_and_lr(file_url):
+    m, opt, sched = _trained(steps=5)
+    save(file_url, m, opt, step=5, scheduler=sched, save_optimizer=False)
+    m2, opt2, sched2 = make(seed=9)
+    rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 5 and not rep.optimizer_loaded
+    assert sched2.last_epoch == sched.last_epoch
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == sched.get_last_lr()[0]
+    assert not opt2.state  # fresh
+    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_load_without_optimizer_keeps_step_and_lr(file_url):
+    m, opt, sched = _trained(steps=5)
+    save(file_url, m, opt, step=5, scheduler=sched)
+    m2, opt2, sched2 = make(seed=9)
+    rep = resume(file_url, m2, opt2, scheduler=sched2, load_optimizer=False)
+    assert rep.step == 5 and not rep.optimizer_loaded
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    assert sched2.last_epoch == sched.last_epoch
+    assert not opt2.state
+
+
+def test_newest_committed_checkpoint_is_chosen_and_killed_save_skipped(file_url, tmp_path):
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=3, scheduler=sched)
+    # A save killed with SIGKILL after its data and before its commit.
+    script = tmp_path / "die.py"
+    script.write_text(
+        "import os, signal, sys, torch, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[2])))\n"
+        "import ckptkit.torch as ct\n"
+        "from models import make, train\n"
+        "class Dying(ct.StorageWriter):\n"
+        "    def finish(self, metadata, results):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "ct.StorageWriter = Dying\n"
+        "m, opt, sched = make(); train(m, opt, sched, 4)\n"
+        "ct.save(sys.argv[1], m, opt, step=4, scheduler=sched)\n"
+    )
+    r = subprocess.run([sys.executable, str(script), file_url, __file__], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    left = os.listdir(file_url[len("file://"):] + "/step-00000004")
+    assert left and ".metadata" not in left and any(n.endswith(".distcp") for n in left)
+    m2, opt2, sched2 = make(seed=2)
+    rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 3 and rep.url.endswith("step-00000003")
+    assert any("step-00000004" in s["url"] and "uncommitted" in s["reason"] for s in rep.skipped)
+    from test_dcp import ckpt_cli
+
+    out = ckpt_cli("latest", file_url)
+    assert out.returncode == 0 and "step-00000003" in out.stdout, out.stdout + out.stderr
+
+
+def test_metadata_read_once_per_resume(file_url, tmp_path):
+    """Counted at the backend (CKPTKIT_IO_COUNT=1 in a fresh process): a
+    resume from the run URL reads the chosen checkpoint's .metadata once, for
+    both the choice and the load."""
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=2, scheduler=sched)
+    save(file_url, m, opt, step=3, scheduler=sched)
+    script = tmp_path / "count.py"
+    script.write_text(
+        "import json, os, sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[2])))\n"
+        "import ckptkit, ckptkit.torch as ct\n"
+        "from models import make\n"
+        "m, opt, sched = make(seed=5)\n"
+        "rep = ct.resume(sys.argv[1], m, opt, scheduler=sched)\n"
+        "print(json.dumps({'step': rep.step, 'md3': ckptkit.io_count('read', 'step-00000003/.metadata'),\n"
+        "                  'md2': ckptkit.io_count('read', 'step-00000002/.metadata')}))\n"
+    )
+    env = dict(os.environ, CKPTKIT_IO_COUNT="1")
+    r = subprocess.run([sys.executable, str(script), file_url, __file__], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"step": 3, "md3": 1, "md2": 0}, got
+
+
+def _sha(t):
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+def test_resumes_a_checkpoint_torch_wrote_with_lazy_state():
+    """Fixture dcp-torch2/lazy_moe2, written by torch 2.6's FileSystemWriter
+    from get_state_dict: experts.1 has no AdamW state."""
+    path = os.path.join(fixtures_dir(), "dcp-torch2", "lazy_moe2")
+    if not os.path.isdir(path):
+        pytest.skip(f"fixture {path} not available")
+    with open(os.path.join(path, "expected.json")) as f:
+        want = {k["key"]: k for k in json.load(f)["keys"]}
+    m, opt, sched = make(seed=11)
+    rep = resume("file://" + os.path.abspath(path), m, opt, scheduler=sched)
+    assert sorted(rep.lazy_params) == sorted(EXPERT1)
+    assert rep.optimizer_loaded
+    for n, t in m.state_dict().items():
+        assert _sha(t) == want["model." + n]["sha256"], n
+    names = dict(m.named_parameters())
+    for n, p in names.items():
+        if n in EXPERT1:
+            assert p not in opt.state
+            continue
+        for slot in ("exp_avg", "exp_avg_sq", "step"):
+            assert _sha(opt.state[p][slot]) == want[f"optimizer.state.{n}.{slot}"]["sha256"], (n, slot)
+
+
+def test_torch_written_checkpoint_resumes(file_url):
+    """A job switching to ckptkit keeps its old checkpoints: torch's own
+    FileSystemWriter with get_state_dict's layout, resumed by resume()."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    m, opt, sched = _trained()
+    msd, osd = get_state_dict(m, opt)
+    path = file_url[len("file://"):] + "/step-00000003"
+    dcp.save({"model": msd, "optimizer": osd, "scheduler": sched.state_dict(), "step": 3},
+             storage_writer=dcp.FileSystemWriter(path))
+    m2, opt2, sched2 = make(seed=8)
+    rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 3 and sorted(rep.lazy_params) == sorted(EXPERT1)
+    _train_on_identically(m, opt, sched, m2, opt2, sched2)
+
+
+def test_flipped_byte_is_refused_by_resume_before_anything_changes(file_url):
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=3, scheduler=sched)
+    from test_dcp import _flip_byte_in_tensor
+
+    obj, _ = _flip_byte_in_tensor(file_url[len("file://"):] + "/step-00000003", "model.head.weight")
+    m2, opt2, sched2 = _trained(steps=1)
+    before = snapshot(m2, opt2)
+    with pytest.raises(ckptkit.ChecksumError) as e:
+        resume(step_url(file_url, 3), m2, opt2, scheduler=sched2)
+    assert "model.head.weight" in str(e.value) and obj in str(e.value) and "offset" in str(e.value)
+    assert same(before, snapshot(m2, opt2))

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# torch-env.sh - a cached Debian 13 (trixie) chroot with torch 2.6 (python3-torch)
+# for the Python suite and the examples. Debian 12 ships torch 1.13 only and
+# PyPI is not reachable, so the environment is built with debootstrap.
+#
+#   scripts/torch-env.sh build        build it once into $CKPTKIT_TORCH_ENV
+#                                     (default ~/.cache/ckptkit/torch-env)
+#   scripts/torch-env.sh status       exit 0 when it is built and torch imports
+#   scripts/torch-env.sh run CMD...   run CMD inside it, with the repo
+#                                     bind-mounted at /run.PID/repo (the cwd;
+#                                     ../shared at /run.PID/shared when it
+#                                     exists), PYTHONPATH set to its python/
+#
+# The mirror comes from the host's apt sources (first http(s) Debian URI).
+# Mounts made by `run` are always removed by an EXIT trap. Needs root.
+set -euo pipefail
+
+ENV_DIR=${CKPTKIT_TORCH_ENV:-$HOME/.cache/ckptkit/torch-env}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PACKAGES="python3-torch python3-numpy python3-safetensors python3-pytest"
+
+mirror() {
+	if [[ -n ${CKPTKIT_DEBIAN_MIRROR:-} ]]; then
+		echo "$CKPTKIT_DEBIAN_MIRROR"
+		return
+	fi
+	local m
+	m=$(grep -rhoE '(URIs:|deb) +https?://[^ ]*/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
+		awk '{print $2}' | head -n1 || true)
+	echo "${m:-http://deb.debian.org/debian}"
+}
+
+build() {
+	if [[ -f $ENV_DIR/.ckptkit-ready ]]; then
+		echo "torch-env: ready at $ENV_DIR" >&2
+		return 0
+	fi
+	if ! command -v debootstrap >/dev/null; then
+		apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null
+	fi
+	local m tmp
+	m=$(mirror)
+	mkdir -p "$(dirname "$ENV_DIR")"
+	tmp=$ENV_DIR.building.$$
+	rm -rf "$tmp"
+	echo "torch-env: debootstrap trixie from $m into $tmp" >&2
+	debootstrap --variant=minbase trixie "$tmp" "$m" >&2
+	cp /etc/resolv.conf "$tmp/etc/resolv.conf" 2>/dev/null || true
+	(
+		mounts "$tmp"
+		trap unmounts EXIT
+		chroot "$tmp" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
+			sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
+	)
+	chroot "$tmp" python3 -c 'import torch, numpy, safetensors, pytest; print("torch", torch.__version__)' >&2
+	touch "$tmp/.ckptkit-ready"
+	rm -rf "$ENV_DIR"
+	mv "$tmp" "$ENV_DIR"
+	echo "torch-env: ready at $ENV_DIR" >&2
+}
+
+# MOUNTED lists the mount points this invocation made, so that concurrent
+# runs (several worktrees) never unmount each other's.
+MOUNTED=()
+
+mounts() {
+	local root=$1
+	mount -t proc proc "$root/proc" && MOUNTED+=("$root/proc")
+	mount --rbind /dev "$root/dev" && MOUNTED+=("$root/dev")
+	mount --make-rslave "$root/dev"
+}
+
+unmounts() {
+	local i
+	# Newest first; lazy, so a straggling process cannot keep a mount alive.
+	for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do
+		umount -l "${MOUNTED[i]}" 2>/dev/null || true
+		# rmdir removes only the empty mount points left behind.
+		if [[ ${MOUNTED[i]} == */run.* ]]; then rmdir "${MOUNTED[i]}" 2>/dev/null || true; fi
+	done
+	MOUNTED=()
+}
+
+run() {
+	if [[ ! -f $ENV_DIR/.ckptkit-ready ]]; then
+		echo "torch-env: not built (run: $0 build)" >&2
+		return 2
+	fi
+	local root=$ENV_DIR
+	# Per-invocation mount points: the repo at /run.PID/repo (cwd),
+	# ../shared at /run.PID/shared.
+	local inside=/run.$$
+	mkdir -p "$root$inside/repo" "$root$inside/shared"
+	trap unmounts EXIT
+	MOUNTED+=("$root$inside" "$root$inside/repo" "$root$inside/shared")
+	mounts "$root"
+	mount --bind "$REPO" "$root$inside/repo" && MOUNTED+=("$root$inside/repo")
+	if [[ -d $REPO/../shared ]]; then
+		mount --bind -o ro "$REPO/../shared" "$root$inside/shared" && MOUNTED+=("$root$inside/shared")
+	fi
+	# The chroot sees the host's network namespace, so the S3/GCS test
+	# servers on 127.0.0.1 are reachable with the host's URLs.
+	local status=0 v
+	local -a pass=()
+	for v in CKPTKIT_TEST_S3_URL CKPTKIT_TEST_GCS_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION \
+		STORAGE_EMULATOR_HOST CKPTKIT_PLUGIN_DIR CKPTKIT_BENCH_DIR CKPTKIT_BENCH_BYTES CI; do
+		if [[ -n ${!v:-} ]]; then
+			pass+=("$v=${!v}")
+		fi
+	done
+	chroot "$root" /usr/bin/env -i \
+		PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 USE_LIBUV=0 \
+		PYTHONPATH=$inside/repo/python PYTHONDONTWRITEBYTECODE=1 \
+		CKPTKIT_FIXTURES=$inside/shared/fixtures CKPTKIT_CKPT_BIN=$inside/repo/bin/ckpt \
+		"${pass[@]}" \
+		sh -c 'cd "$0" && exec "$@"' "$inside/repo" "$@" || status=$?
+	return "$status"
+}
+
+case ${1:-} in
+build) build ;;
+status) [[ -f $ENV_DIR/.ckptkit-ready ]] ;;
+run)
+	shift
+	run "$@"
+	;;
+*)
+	echo "usage: $0 build|status|run CMD..." >&2
+	exit 2
+	;;
+esac
