@@ -5,7 +5,7 @@
 #
 #   scripts/torch-env.sh build        build it once into $CKPTKIT_TORCH_ENV
 #                                     (default ~/.cache/ckptkit/torch-env)
-#   scripts/torch-env.sh status       exit 0 when it is built and torch imports
+#   scripts/torch-env.sh status       exit 0 when it is built with today's package list
 #   scripts/torch-env.sh run CMD...   run CMD inside it, with the repo
 #                                     bind-mounted at /run.PID/repo (the cwd;
 #                                     ../shared at /run.PID/shared when it
@@ -17,7 +17,10 @@ set -euo pipefail
 
 ENV_DIR=${CKPTKIT_TORCH_ENV:-$HOME/.cache/ckptkit/torch-env}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-PACKAGES="python3-torch python3-numpy python3-safetensors python3-pytest"
+# python3-pip and python3-setuptools let a test check `pip install ./python`
+# offline (--no-build-isolation). The ready stamp holds this list: a cached
+# environment built with another list is topped up in place by `build`.
+PACKAGES="python3-torch python3-numpy python3-safetensors python3-pytest python3-pip python3-setuptools"
 
 mirror() {
 	if [[ -n ${CKPTKIT_DEBIAN_MIRROR:-} ]]; then
@@ -32,7 +35,18 @@ mirror() {
 
 build() {
 	if [[ -f $ENV_DIR/.ckptkit-ready ]]; then
-		echo "torch-env: ready at $ENV_DIR" >&2
+		if [[ $(cat "$ENV_DIR/.ckptkit-ready") == "$PACKAGES" ]]; then
+			echo "torch-env: ready at $ENV_DIR" >&2
+			return 0
+		fi
+		echo "torch-env: topping up $ENV_DIR with: $PACKAGES" >&2
+		(
+			mounts "$ENV_DIR"
+			trap unmounts EXIT
+			chroot "$ENV_DIR" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
+				sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
+		)
+		printf '%s' "$PACKAGES" >"$ENV_DIR/.ckptkit-ready"
 		return 0
 	fi
 	if ! command -v debootstrap >/dev/null; then
@@ -53,7 +67,7 @@ build() {
 			sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
 	)
 	chroot "$tmp" python3 -c 'import torch, numpy, safetensors, pytest; print("torch", torch.__version__)' >&2
-	touch "$tmp/.ckptkit-ready"
+	printf '%s' "$PACKAGES" >"$tmp/.ckptkit-ready"
 	rm -rf "$ENV_DIR"
 	mv "$tmp" "$ENV_DIR"
 	echo "torch-env: ready at $ENV_DIR" >&2
@@ -119,7 +133,7 @@ run() {
 
 case ${1:-} in
 build) build ;;
-status) [[ -f $ENV_DIR/.ckptkit-ready ]] ;;
+status) [[ -f $ENV_DIR/.ckptkit-ready && $(cat "$ENV_DIR/.ckptkit-ready") == "$PACKAGES" ]] ;;
 run)
 	shift
 	run "$@"
