@@ -54,13 +54,11 @@ func Encode(c *Checkpoint) ([]byte, error) {
 	if c.WorldSize < 1 {
 		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
 	}
-	var buf bytes.Buffer
-	enc := gojson.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(c); err != nil {
+	out, err := encodeJSON(c)
+	if err != nil {
 		return nil, fmt.Errorf("encode metadata: %w", err)
 	}
-	return buf.Bytes(), nil
+	return out, nil
 }
 
 // emptyArrays replaces nil slices with empty ones, so that Encode writes []
