@@ -49,7 +49,8 @@ var (
 	// ErrChecksum: stored bytes do not match their CRC32C.
 	ErrChecksum = ckpterr.New(ckpterr.BadCheckpoint, "checksum mismatch")
 	// ErrTargetsPartlyFilled: a load failed after it had started writing
-	// into the targets (Direct mode, or a read failure in the copy pass of
+	// into the targets (a read or checksum failure in the default one-pass
+	// load, or a read failure in the copy pass of a Transactional
 	// verify-then-copy); reload or discard the targets.
 	ErrTargetsPartlyFilled = ckpterr.New(ckpterr.Internal, "load failed after the targets were partly filled")
 )
@@ -182,14 +183,6 @@ func (c *Checkpoint) Store() *backend.Store { return c.store }
 
 // URL is the checkpoint's redacted URL.
 func (c *Checkpoint) URL() string { return c.store.String() }
-
-// readRange reads len(buf) bytes of a data object at offset through the
-// checkpoint's one reader. A data object the metadata names but storage
-// lacks, or holds shorter than the metadata says, is ErrMissingObject (a
-// bad checkpoint), not a plain not-found or an unclassified short read.
-func (c *Checkpoint) readRange(ctx context.Context, object string, offset int64, buf []byte) error {
-	return MissingObject(c.store.ReadRange(ctx, object, offset, buf))
-}
 
 // MissingObject returns err with a not-found read of a data object that a
 // committed checkpoint names, or a read past its end (a truncated object,

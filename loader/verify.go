@@ -313,14 +313,16 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 				return err
 			}
 			defer pool.Put(buf)
-			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
+			tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks))}
+			if err := MissingObject(c.store.ReadRangeInto(gctx, op.Object, op.Offset, [][]byte{buf}, tap)); err != nil {
 				return err
 			}
 			if progress != nil {
 				progress(checked.Add(op.Length), plan.BytesRead)
 			}
-			for _, cr := range op.Chunks {
-				if _, err := c.verifyChunk(op, &cr, buf[cr.Start:cr.Start+cr.Length]); err != nil {
+			for j := range op.Chunks {
+				cr := &op.Chunks[j]
+				if _, err := c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length], tap.crcs[j]); err != nil {
 					findings[i] = append(findings[i], Finding{Rule: RuleChecksum, Key: cr.Key, Object: c.store.URL(op.Object), Message: err.Error()})
 				}
 			}

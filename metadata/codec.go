@@ -54,19 +54,17 @@ func Encode(c *Checkpoint) ([]byte, error) {
 	if c.WorldSize < 1 {
 		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
 	}
-	var buf bytes.Buffer
-	enc := gojson.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
 	unsealed := *c
 	unsealed.MetadataCRC32C = 0 // omitted: Seal appends the member
-	if err := enc.Encode(&unsealed); err != nil {
+	out, err := encodeJSON(&unsealed)
+	if err != nil {
 		return nil, fmt.Errorf("encode metadata: %w", err)
 	}
 	major, minor, err := ParseVersion(c.Version)
 	if err != nil || major != MajorVersion || minor < SealMinorVersion {
-		return buf.Bytes(), nil // an older version, written as it was
+		return out, nil // an older version, written as it was
 	}
-	return Seal(buf.Bytes())
+	return Seal(out)
 }
 
 // emptyArrays replaces nil slices with empty ones, so that Encode writes []

@@ -526,17 +526,34 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			defer uploads.Release(1)
 			// CRCs of the bytes written (the staged copy when staging), here
 			// rather than while staging, which blocks the caller.
-			results[i] = itemCRCs(body, w.Items)
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
+			src := backend.NewSlicesReader(body)
 			if objectCRC {
+				// Needed before the upload starts: a pass of its own.
+				results[i] = itemCRCs(body, w.Items)
 				var obj uint32
 				for _, b := range body {
 					obj = crc32.Update(obj, castagnoli, b)
 				}
 				po.CRC32C = &obj
+			} else {
+				// Computed while the upload copies the bytes, in
+				// cache-sized pieces: one pass over them.
+				lengths := make([]int64, len(w.Items))
+				for j, it := range w.Items {
+					lengths[j] = it.Length
+				}
+				src.HashItems(lengths)
 			}
-			if err := st.Put(gctx, w.Object, w.Size, backend.NewSlicesReader(body), po); err != nil {
+			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
+			}
+			if !objectCRC {
+				crcs, ok := src.ItemCRCs()
+				if !ok { // not every byte went through this reader
+					crcs = itemCRCs(body, w.Items)
+				}
+				results[i] = crcs
 			}
 			written.Add(w.Size)
 			return nil
