@@ -206,6 +206,14 @@ func (w *wrappedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Remain implements Remainer when the driver's reader does (-1 otherwise).
+func (w *wrappedReader) Remain() int64 {
+	if r, ok := w.rc.(Remainer); ok {
+		return r.Remain()
+	}
+	return -1
+}
+
 func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Close()) }
 
 // ReadRange reads exactly len(dst) bytes of key at offset into dst. A short
@@ -245,24 +253,37 @@ func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dst
 			return err
 		}
 		defer rc.Close()
+		// A response that announced the whole range but ended early was
+		// cut in transit (a transient failure, retried); one that announced
+		// less, or a stream of unknown length that ends early, is a short
+		// object.
+		announced := rc.(Remainer).Remain()
 		if tap != nil {
 			tap.Reset()
 		}
+		var got int64
 		for _, dst := range dsts {
+			var k int
 			if tap == nil {
-				_, err = io.ReadFull(rc, dst)
+				k, err = io.ReadFull(rc, dst)
+				got += int64(k)
 			}
 			for p := 0; tap != nil && p < len(dst) && err == nil; p += TapPiece {
 				piece := dst[p:min(p+TapPiece, len(dst))]
-				if _, err = io.ReadFull(rc, piece); err == nil {
+				if k, err = io.ReadFull(rc, piece); err == nil {
 					_, err = tap.Write(piece)
 				}
+				got += int64(k)
 			}
 			if err != nil {
 				break
 			}
 		}
 		if err != nil {
+			if (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && announced >= n {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeTransient,
+					Err: fmt.Errorf("connection ended after %d of %d announced bytes: %w", got, announced, io.ErrUnexpectedEOF)}
+			}
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown,
 					Err: fmt.Errorf("object shorter than range [%d,%d): %w", offset, offset+n, io.ErrUnexpectedEOF)}
@@ -285,6 +306,10 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 		defer rc.Close()
 		r := io.Reader(rc)
 		if limit > 0 {
+			// An object known to be over the limit is refused unread.
+			if n := rc.(Remainer).Remain(); n > limit {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("%w: %d bytes, over %d", ErrObjectTooLarge, n, limit)}
+			}
 			r = io.LimitReader(rc, limit+1)
 		}
 		out, err = io.ReadAll(r)
@@ -292,7 +317,7 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 			return err
 		}
 		if limit > 0 && int64(len(out)) > limit {
-			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("object larger than the %d-byte limit", limit)}
+			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("%w: over %d bytes", ErrObjectTooLarge, limit)}
 		}
 		return nil
 	})

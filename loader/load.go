@@ -466,13 +466,25 @@ type bytesSet struct {
 	val []byte
 }
 
+// readPool returns the pool of a plan's read buffers: buffers the size of
+// its largest read, at most limit, so a small checkpoint does not cost
+// limit-sized buffers (a larger read gets a buffer of its own, or is
+// streamed).
+func readPool(plan *planner.LoadPlan, limit int64) *bufpool.Pool {
+	var largest int64
+	for i := range plan.Ops {
+		largest = max(largest, plan.Ops[i].Length)
+	}
+	return bufpool.New(int(max(1, min(largest, limit))))
+}
+
 // stream reads op by op (memory bounded by conc ops), verifying every
 // chunk; with fill it also copies them into the targets.
 func (ex *executor) stream(ctx context.Context, fill bool) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(ex.conc)
 	if ex.pool == nil {
-		ex.pool = bufpool.New(int(ex.maxRead)) // shared by both passes; ex.conc reads hold one each
+		ex.pool = readPool(ex.plan, ex.maxRead) // shared by both passes; ex.conc reads hold one each
 	}
 	pool := ex.pool
 	ops := ex.plan.Ops

@@ -12,8 +12,45 @@ import (
 )
 
 // DefaultObjectName names a rank's n-th data object:
-// "rank-RRRRR-NNN.data".
+// "rank-RRRRR-NNN.data". Savers use AttemptObjectName instead, so that two
+// attempts at one checkpoint never write the same object.
 func DefaultObjectName(rank, n int) string { return fmt.Sprintf("rank-%05d-%03d.data", rank, n) }
+
+// AttemptObjectName returns the namer of one save attempt's data objects:
+// "rank-RRRRR-NNN.<attempt>.data". attempt must be non-empty lowercase hex
+// or decimal digits (ParseObjectName accepts [0-9a-f]+).
+func AttemptObjectName(attempt string) func(rank, n int) string {
+	return func(rank, n int) string { return fmt.Sprintf("rank-%05d-%03d.%s.data", rank, n, attempt) }
+}
+
+// ParseObjectName reports whether name is a data object name ckptkit
+// writes, "rank-R-N.data" (DefaultObjectName) or "rank-R-N.A.data"
+// (AttemptObjectName), with R and N decimal digits of any width and A
+// lowercase hex; attempt is "" for the first form.
+func ParseObjectName(name string) (attempt string, ok bool) {
+	rest, ok := strings.CutPrefix(name, "rank-")
+	if !ok {
+		return "", false
+	}
+	rest, ok = strings.CutSuffix(rest, ".data")
+	if !ok {
+		return "", false
+	}
+	rest, attempt, dotted := strings.Cut(rest, ".")
+	if dotted && !isLowerHex(attempt) {
+		return "", false
+	}
+	a, b, ok := strings.Cut(rest, "-")
+	return attempt, ok && isDigits(a) && isDigits(b)
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+func isLowerHex(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789abcdef") == ""
+}
 
 // itemRef locates a SaveItem: plans[plan].Items[item].
 type itemRef struct{ plan, item int32 }

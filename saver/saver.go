@@ -8,7 +8,9 @@ package saver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/gob"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -421,7 +423,14 @@ func globalPlan(ctx context.Context, st *backend.Store, vals []any, opts Options
 	}
 	// Plan first: a save that cannot be planned must not uncommit the
 	// checkpoint it was going to replace.
-	gp, err := planner.PlanSave(plans, planner.SaveOptions{MaxObjectBytes: opts.MaxObjectBytes})
+	// Every attempt names its data objects with an id of its own, so a
+	// concurrent or retried writer never overwrites this attempt's data;
+	// the metadata commit decides which attempt the checkpoint is.
+	attempt, err := newAttemptID()
+	if err != nil {
+		return planOutcome{err: fmt.Errorf("save %s: %w", st, err)}
+	}
+	gp, err := planner.PlanSave(plans, planner.SaveOptions{MaxObjectBytes: opts.MaxObjectBytes, ObjectName: planner.AttemptObjectName(attempt)})
 	if err != nil {
 		return planOutcome{err: fmt.Errorf("save %s: plan: %w", st, err)}
 	}
@@ -429,6 +438,15 @@ func globalPlan(ctx context.Context, st *backend.Store, vals []any, opts Options
 		return planOutcome{err: err}
 	}
 	return planOutcome{plan: gp}
+}
+
+// newAttemptID returns 64 random bits in hex: the attempt id of a save.
+func newAttemptID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("attempt id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // checkUncommitted refuses to write over a committed checkpoint (of any

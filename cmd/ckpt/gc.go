@@ -41,7 +41,12 @@ anything newer than it that is younger than --grace (a save may be writing
 it; older ones that fail verification are kept for inspection); uncommitted
 prefixes younger than --grace; prefixes holding any object ckptkit did not
 write, including foreign formats. Uncommitted prefixes older than --grace
-are abandoned saves and are removed.
+are abandoned saves and are removed. Under committed checkpoints, data
+objects older than --grace that the metadata does not name (a save attempt
+that lost the commit to a concurrent writer, or one an overwrite replaced)
+are orphans and are removed too. Incomplete multipart uploads under the run
+(S3) started more than --grace ago (parts of a save or copy that was killed)
+are listed and aborted.
 
 Each deletion removes the metadata object first, so an interrupted gc never
 leaves a committed-looking checkpoint with missing data, then the data
@@ -72,7 +77,7 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 			if !asJSON {
 				printGCPlan(cmd.OutOrStdout(), plan, now, dryRun)
 			}
-			if !dryRun && plan.Deletions > 0 {
+			if !dryRun && (plan.Deletions > 0 || len(plan.Orphans) > 0 || len(plan.Uploads) > 0) {
 				opts := gc.Options{Concurrency: concurrency}
 				if !asJSON {
 					opts.Progress = func(pr gc.Progress) {
@@ -85,6 +90,12 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 				}
 				res, err := gc.Execute(ctx, run, plan.Decisions, opts)
 				out.Result = res
+				if err == nil && len(plan.Orphans) > 0 {
+					res.OrphansDeleted, res.OrphanBytesFreed, err = gc.DeleteOrphans(ctx, run, plan.Orphans, opts)
+				}
+				if err == nil && len(plan.Uploads) > 0 {
+					res.UploadsAborted, err = gc.AbortUploads(ctx, run, plan.Uploads)
+				}
 				if err != nil {
 					if asJSON {
 						_ = writeJSON(cmd.OutOrStdout(), out)
@@ -93,6 +104,12 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 				}
 				if !asJSON {
 					fmt.Fprintf(cmd.OutOrStdout(), "deleted %d checkpoint(s), %d objects, %s freed\n", len(res.Deleted), res.ObjectsDeleted, humanBytes(res.BytesFreed))
+					if res.UploadsAborted > 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "aborted %d incomplete upload(s)\n", res.UploadsAborted)
+					}
+					if res.OrphansDeleted > 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "deleted %d orphan data object(s), %s freed\n", res.OrphansDeleted, humanBytes(res.OrphanBytesFreed))
+					}
 				}
 			}
 			if asJSON {
@@ -139,6 +156,22 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		verb = "dry run: would delete"
 	}
 	fmt.Fprintf(w, "%s %d checkpoint(s), %s\n", verb, plan.Deletions, humanBytes(plan.DeleteBytes))
+	for _, o := range plan.Orphans {
+		fmt.Fprintf(w, "orphan %s (%s): not named by its checkpoint's metadata\n", o.Key, humanBytes(o.Bytes))
+	}
+	if len(plan.Orphans) > 0 {
+		fmt.Fprintf(w, "%s %d orphan data object(s) of losing or replaced save attempts, %s\n", verb, len(plan.Orphans), humanBytes(plan.OrphanBytes))
+	}
+	for _, u := range plan.Uploads {
+		fmt.Fprintf(w, "upload %s (%s of parts, started %s ago): incomplete\n", u.Key, humanBytes(u.Size), humanAge(now.Sub(u.Initiated)))
+	}
+	if len(plan.Uploads) > 0 {
+		abort := "will abort"
+		if dryRun {
+			abort = "dry run: would abort"
+		}
+		fmt.Fprintf(w, "%s %d incomplete upload(s) older than the grace period\n", abort, len(plan.Uploads))
+	}
 }
 
 // parseDuration accepts Go durations plus a whole number of days ("7d").

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,14 +139,25 @@ func TestCopyOfABadCheckpointExitsOne(t *testing.T) {
 	require.Equal(t, 3, code, "a missing source is not found: %s", errs)
 	trainJSON(t, "--url", filepath.Join(dir, "run"), "--steps", "3", "--save-every", "3")
 	src := filepath.Join(dir, "run", "step-00000003")
-	data, err := os.ReadFile(filepath.Join(src, "rank-00000-000.data"))
+	obj := dataObject(t, src, 0)
+	data, err := os.ReadFile(obj)
 	require.NoError(t, err)
 	data[100] ^= 0xff
-	require.NoError(t, os.WriteFile(filepath.Join(src, "rank-00000-000.data"), data, 0o644))
+	require.NoError(t, os.WriteFile(obj, data, 0o644))
 	code, _, errs = ckpt(t, "copy", src, "mem://copy-dst/y")
 	require.Equal(t, 1, code, errs)
 	require.Contains(t, errs, "checksum mismatch")
 	require.Equal(t, 1, strings.Count(errs, "checksum mismatch"), "the cause is said once: %s", errs)
+}
+
+// dataObject returns the path of rank's first data object in the fs
+// checkpoint dir (its name carries the save attempt's id).
+func dataObject(t *testing.T, dir string, rank int) string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, fmt.Sprintf("rank-%05d-000.*.data", rank)))
+	require.NoError(t, err)
+	require.Len(t, m, 1, "one data object of rank %d in %s", rank, dir)
+	return m[0]
 }
 
 // Regression (issue 15): the default load fills the targets in one pass, so
@@ -187,7 +199,7 @@ func TestTrainResumeFallsBackPastCorruptCheckpoint(t *testing.T) {
 	// instead of starting over.
 	bad := filepath.Join(dir, "bad")
 	trainJSON(t, "--url", bad, "--steps", "3", "--save-every", "3", "--ranks", "2")
-	obj = filepath.Join(bad, "step-00000003", filepath.FromSlash(ch.Object))
+	obj = dataObject(t, filepath.Join(bad, "step-00000003"), 0) // names carry the save attempt: not step 9's
 	data, err = os.ReadFile(obj)
 	require.NoError(t, err)
 	data[0] ^= 0x10
