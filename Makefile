@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: build python test test-short lint bench proto servers-start servers-stop clean
+.PHONY: build python test test-short lint bench reliability proto servers-start servers-stop clean
 
 # The commit is stamped for `ckpt --version` also where Go's own VCS
 # stamping is off (GOFLAGS=-buildvcs=false).
@@ -31,6 +31,13 @@ lint:
 
 bench:
 	bash scripts/bench.sh
+
+# The issue 16 reliability campaign at full size (docs/RELIABILITY.md):
+# SIGKILL points, concurrent writers, bit flips, faulted connections, the
+# hostile corpus, killed uploads, then every fuzz target for FUZZTIME
+# (default 10m). `make test` runs a bounded subset of the same tests.
+reliability:
+	bash scripts/reliability.sh
 
 proto:
 	bash plugins/proto/gen.sh

@@ -2,7 +2,9 @@ package backend
 
 import (
 	"errors"
+	"io"
 	"net"
+	"net/textproto"
 	"syscall"
 )
 
@@ -34,16 +36,41 @@ func CodeForHTTPStatus(status int) Code {
 	return CodeUnknown
 }
 
-// NetworkErrorCode classifies a transport failure: a reset, aborted or
-// refused connection, a broken pipe or a net.Error timeout anywhere in err's
-// chain is CodeTransient; anything else is CodeUnknown.
+// NetworkErrorCode classifies a transport failure as CodeTransient: a
+// reset, aborted, refused or timed-out connection, a broken pipe, an
+// unreachable network, a connection closed early (io.EOF or
+// io.ErrUnexpectedEOF anywhere in err's chain: the server or a proxy
+// closed it before the response or its body was complete), a malformed
+// response header (textproto.ProtocolError: the connection broke inside
+// the header block), any other *net.OpError but a failed name lookup, or
+// a net.Error timeout. Anything else is CodeUnknown. Drivers call it
+// after their service-specific error codes, so a complete error response
+// is classified by its status, never here.
 func NetworkErrorCode(err error) Code {
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, syscall.ECONNREFUSED) {
+	for _, e := range []error{syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE, syscall.ECONNREFUSED,
+		syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ENETRESET,
+		io.EOF, io.ErrUnexpectedEOF, net.ErrClosed} {
+		if errors.Is(err, e) {
+			return CodeTransient
+		}
+	}
+	var pe textproto.ProtocolError
+	if errors.As(err, &pe) {
 		return CodeTransient
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
+		return CodeTransient
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		if dns.IsNotFound {
+			return CodeUnknown
+		}
+		return CodeTransient
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
 		return CodeTransient
 	}
 	return CodeUnknown

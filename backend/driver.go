@@ -118,3 +118,12 @@ type Capabilities struct {
 	PartSize    int64
 	Concurrency int
 }
+
+// Remainer is implemented by readers that know, before the first Read, how
+// many bytes they will deliver (the object's size, or the length of the
+// range, from the response that opened it). Store.ReadAll uses it to refuse
+// an object over its limit without reading it. Remain returns the bytes
+// still to come, or -1 when unknown.
+type Remainer interface {
+	Remain() int64
+}

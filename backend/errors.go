@@ -27,6 +27,10 @@ var (
 	// ErrTransient: a failure that may succeed when retried (5xx, throttling,
 	// connection reset). Errors not matching it are permanent.
 	ErrTransient = ckpterr.New(ckpterr.Transient, "transient backend failure")
+	// ErrObjectTooLarge: ReadAll found the object larger than the caller's
+	// limit (it stops reading there). Callers that know what the object is
+	// reclassify it (an oversized metadata object is a bad checkpoint).
+	ErrObjectTooLarge = ckpterr.New(ckpterr.Unsupported, "object larger than the read limit")
 	// ErrUnknownScheme: no driver is registered for the URL's scheme.
 	ErrUnknownScheme = ckpterr.New(ckpterr.Usage, "unknown URL scheme")
 )

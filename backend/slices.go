@@ -2,19 +2,78 @@ package backend
 
 import (
 	"errors"
+	"hash/crc32"
 	"io"
+	"sort"
 )
 
 // SlicesReader reads a sequence of byte slices back to back without copying
 // them into one buffer: a Put body made of several buffers (the saver's
 // items, the C ABI's caller buffers). It is an io.Seeker, so the Store can
 // rewind it to retry a transient upload failure.
+//
+// With HashItems, it also computes the CRC32C of each item (consecutive
+// byte ranges of given lengths, independent of how the bytes are split
+// into parts) while copying them, in pieces small enough to still be in
+// the cache: no second pass over the source.
 type SlicesReader struct {
 	parts [][]byte
 	size  int64
 	pos   int64
 	idx   int   // part holding pos
 	off   int64 // pos within parts[idx]
+
+	ends   []int64  // per item: its end in the stream (nil: no hashing)
+	hashed []int64  // per item: the stream position up to which crcs covers it
+	crcs   []uint32 // per item: CRC32C of its bytes up to hashed
+}
+
+// hashPiece is the most Read copies before hashing what it copied.
+const hashPiece = 256 << 10
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// HashItems turns on the CRC32C of items of the given lengths, back to
+// back from the start, computed as they are read; ItemCRCs returns them.
+func (r *SlicesReader) HashItems(lengths []int64) *SlicesReader {
+	r.ends = make([]int64, len(lengths))
+	r.hashed = make([]int64, len(lengths))
+	r.crcs = make([]uint32, len(lengths))
+	var end int64
+	for k, n := range lengths {
+		r.hashed[k] = end
+		end += n
+		r.ends[k] = end
+	}
+	return r
+}
+
+// ItemCRCs returns each item's CRC32C (see HashItems) and true when every
+// item was read whole since HashItems (false: compute them another way).
+func (r *SlicesReader) ItemCRCs() ([]uint32, bool) {
+	for k := range r.ends {
+		if r.hashed[k] != r.ends[k] {
+			return nil, false
+		}
+	}
+	return r.crcs, true
+}
+
+// hash adds b, the stream's bytes at pos, to the items it belongs to,
+// skipping bytes already hashed (a rewound read copies them again; they
+// have not changed).
+func (r *SlicesReader) hash(pos int64, b []byte) {
+	end := pos + int64(len(b))
+	for k := sort.Search(len(r.ends), func(k int) bool { return r.ends[k] > pos }); k < len(r.ends); k++ {
+		if h := r.hashed[k]; h >= pos && h < end {
+			to := min(end, r.ends[k])
+			r.crcs[k] = crc32.Update(r.crcs[k], castagnoli, b[h-pos:to-pos])
+			r.hashed[k] = to
+		}
+		if r.ends[k] >= end {
+			break
+		}
+	}
 }
 
 // NewSlicesReader returns a reader of parts, concatenated.
@@ -30,7 +89,14 @@ func NewSlicesReader(parts [][]byte) *SlicesReader {
 func (r *SlicesReader) Read(p []byte) (int, error) {
 	n := 0
 	for n < len(p) && r.idx < len(r.parts) {
-		c := copy(p[n:], r.parts[r.idx][r.off:])
+		src := r.parts[r.idx][r.off:]
+		if r.ends != nil && len(src) > hashPiece {
+			src = src[:hashPiece]
+		}
+		c := copy(p[n:], src)
+		if r.ends != nil {
+			r.hash(r.pos, p[n:n+c])
+		}
 		n += c
 		r.off += int64(c)
 		r.pos += int64(c)

@@ -208,21 +208,87 @@ func (w *wrappedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Remain implements Remainer when the driver's reader does (-1 otherwise).
+func (w *wrappedReader) Remain() int64 {
+	if r, ok := w.rc.(Remainer); ok {
+		return r.Remain()
+	}
+	return -1
+}
+
 func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Close()) }
 
 // ReadRange reads exactly len(dst) bytes of key at offset into dst. A short
 // object is an io.ErrUnexpectedEOF naming the key.
 func (s *Store) ReadRange(ctx context.Context, key string, offset int64, dst []byte) error {
+	return s.ReadRangeInto(ctx, key, offset, [][]byte{dst}, nil)
+}
+
+// A Tap sees the bytes of a ReadRangeInto in order, piece by piece, right
+// after each piece lands in its destination (while it is still in the CPU
+// cache): a checksum computed there costs no second pass over memory.
+// Reset is called before every attempt, so a retried read starts over.
+type Tap interface {
+	io.Writer
+	Reset()
+}
+
+// TapPiece is the most ReadRangeInto reads before handing the bytes to its
+// Tap: small enough to stay in a core's L2 cache, large enough for few
+// system calls.
+const TapPiece = 256 << 10
+
+// ReadRangeInto reads the bytes of key from offset on, as one ranged read,
+// into dsts in turn (each filled exactly; the range is the sum of their
+// lengths), so one request can scatter consecutive chunks straight into
+// separate buffers. With a tap, every piece (at most TapPiece bytes) is
+// written into it as soon as it is read. Opening is retried on transient
+// errors, and so is the whole read.
+func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dsts [][]byte, tap Tap) error {
+	var n int64
+	for _, d := range dsts {
+		n += int64(len(d))
+	}
 	return s.retryLoop(ctx, func(ctx context.Context) error {
-		rc, err := s.open(ctx, key, offset, int64(len(dst)))
+		rc, err := s.open(ctx, key, offset, n)
 		if err != nil {
 			return err
 		}
 		defer rc.Close()
-		if _, err := io.ReadFull(rc, dst); err != nil {
+		// A response that announced the whole range but ended early was
+		// cut in transit (a transient failure, retried); one that announced
+		// less, or a stream of unknown length that ends early, is a short
+		// object.
+		announced := rc.(Remainer).Remain()
+		if tap != nil {
+			tap.Reset()
+		}
+		var got int64
+		for _, dst := range dsts {
+			var k int
+			if tap == nil {
+				k, err = io.ReadFull(rc, dst)
+				got += int64(k)
+			}
+			for p := 0; tap != nil && p < len(dst) && err == nil; p += TapPiece {
+				piece := dst[p:min(p+TapPiece, len(dst))]
+				if k, err = io.ReadFull(rc, piece); err == nil {
+					_, err = tap.Write(piece)
+				}
+				got += int64(k)
+			}
+			if err != nil {
+				break
+			}
+		}
+		if err != nil {
+			if (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && announced >= n {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeTransient,
+					Err: fmt.Errorf("connection ended after %d of %d announced bytes: %w", got, announced, io.ErrUnexpectedEOF)}
+			}
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown,
-					Err: fmt.Errorf("object shorter than range [%d,%d): %w", offset, offset+int64(len(dst)), io.ErrUnexpectedEOF)}
+					Err: fmt.Errorf("object shorter than range [%d,%d): %w", offset, offset+n, io.ErrUnexpectedEOF)}
 			}
 			return s.wrap("read", key, err)
 		}
@@ -242,6 +308,10 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 		defer rc.Close()
 		r := io.Reader(rc)
 		if limit > 0 {
+			// An object known to be over the limit is refused unread.
+			if n := rc.(Remainer).Remain(); n > limit {
+				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("%w: %d bytes, over %d", ErrObjectTooLarge, n, limit)}
+			}
 			r = io.LimitReader(rc, limit+1)
 		}
 		out, err = io.ReadAll(r)
@@ -249,7 +319,7 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 			return err
 		}
 		if limit > 0 && int64(len(out)) > limit {
-			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("object larger than the %d-byte limit", limit)}
+			return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("%w: over %d bytes", ErrObjectTooLarge, limit)}
 		}
 		return nil
 	})

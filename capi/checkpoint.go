@@ -319,8 +319,11 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 		}
 		targets[r] = sd
 	}
+	// Transactional: the Python resume promises that a failed load leaves
+	// the caller's tensors as they were (it does not fall back to an older
+	// checkpoint yet), which the one-pass default no longer gives.
 	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
-		OptimizerSlots: ls.OptimizerSlots, Frozen: ls.Frozen, Concurrency: ls.Concurrency}
+		OptimizerSlots: ls.OptimizerSlots, Frozen: ls.Frozen, Concurrency: ls.Concurrency, Transactional: true}
 	if ls.Quiet {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
 )
 
 // StepPrefix is the prefix of a checkpoint directory under a run.
@@ -54,6 +55,10 @@ type Entry struct {
 	// does not write (see OwnedObject). Operations that delete refuse
 	// prefixes holding any.
 	ForeignObjects int `json:"foreign_objects"`
+	// Attempts counts the distinct save attempts whose data objects are
+	// under the prefix (ListDetailed only): more than one means a retried
+	// or concurrent save left objects the metadata may not name.
+	Attempts int `json:"-"`
 }
 
 // Age is how long ago the newest object of the checkpoint was written, or
@@ -67,33 +72,14 @@ func (e Entry) Age(now time.Time) time.Duration {
 
 // OwnedObject reports whether rel, a key relative to a checkpoint prefix,
 // is a name ckptkit's saver writes: the native metadata object or a data
-// object "rank-NNNNN-NNN.data" (digits of any width).
+// object "rank-NNNNN-NNN.data" or "rank-NNNNN-NNN.<attempt>.data"
+// (planner.ParseObjectName).
 func OwnedObject(rel string) bool {
 	if rel == metadata.ObjectKey {
 		return true
 	}
-	rest, ok := strings.CutPrefix(rel, "rank-")
-	if !ok {
-		return false
-	}
-	rest, ok = strings.CutSuffix(rest, ".data")
-	if !ok {
-		return false
-	}
-	a, b, ok := strings.Cut(rest, "-")
-	return ok && allDigits(a) && allDigits(b)
-}
-
-func allDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return false
-		}
-	}
-	return true
+	_, ok := planner.ParseObjectName(rel)
+	return ok
 }
 
 // List lists the checkpoints under run, oldest step first, without
@@ -148,11 +134,14 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 	formats := metadata.Formats()
 	for i := range out {
 		e := &out[i]
+		attempts := map[string]bool{}
 		err := run.List(ctx, e.Name+"/", func(o backend.ObjectInfo) error {
 			rest := strings.TrimPrefix(o.Key, e.Name+"/")
 			e.Objects++
 			e.Bytes += o.Size
-			if !OwnedObject(rest) {
+			if a, ok := planner.ParseObjectName(rest); ok {
+				attempts[a] = true
+			} else if rest != metadata.ObjectKey {
 				e.ForeignObjects++
 			}
 			if o.ModTime.After(e.ModTime) {
@@ -168,6 +157,7 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 		if err != nil {
 			return nil, err // a Store error names the operation and the URL
 		}
+		e.Attempts = len(attempts)
 	}
 	return out, nil
 }

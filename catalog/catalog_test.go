@@ -183,17 +183,22 @@ func TestLatestThenLoadReadsMetadataOnce(t *testing.T) {
 
 func TestOwnedObject(t *testing.T) {
 	for name, want := range map[string]bool{
-		metadata.ObjectKey:       true,
-		"rank-00000-000.data":    true,
-		"rank-12-3.data":         true,
-		"rank--000.data":         false,
-		"rank-00000-000.data2":   false,
-		"rank-0a000-000.data":    false,
-		"rank-00000.data":        false,
-		"sub/rank-0-0.data":      false,
-		".metadata":              false,
-		"__0_0.distcp":           false,
-		"ckptkit.metadata.json~": false,
+		metadata.ObjectKey:                     true,
+		"rank-00000-000.data":                  true,
+		"rank-12-3.data":                       true,
+		"rank-00000-000.0f3a9c2e41d7b5a8.data": true,
+		"rank-00000-000..data":                 false,
+		"rank-00000-000.0F3A.data":             false,
+		"rank-00000-000.x1.data":               false,
+		"rank-00000-000.ab.cd.data":            false,
+		"rank--000.data":                       false,
+		"rank-00000-000.data2":                 false,
+		"rank-0a000-000.data":                  false,
+		"rank-00000.data":                      false,
+		"sub/rank-0-0.data":                    false,
+		".metadata":                            false,
+		"__0_0.distcp":                         false,
+		"ckptkit.metadata.json~":               false,
 	} {
 		assert.Equal(t, want, catalog.OwnedObject(name), name)
 	}

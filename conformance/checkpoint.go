@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -130,14 +131,31 @@ func caseFlippedByte(t T, h *Harness) {
 	data[ch.Offset+3] ^= 0x40
 	require.NoError(t, st.PutBytes(ctx, ch.Object, data, backend.PutOptions{}))
 
+	// The default one-pass load fails naming key, object and offset; it
+	// says the targets were partly filled unless it left them as they were
+	// (the corrupt chunk was read, into a buffer, before anything landed).
 	targets := f.targets(2)
 	before := snapshot(targets)
 	_, err = loader.Load(ctx, st, targets, quietLoad())
 	require.ErrorIs(t, err, loader.ErrChecksum)
+	if !errors.Is(err, loader.ErrTargetsPartlyFilled) {
+		requireUnchanged(t, before, targets)
+	}
+	require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err), "a flipped byte makes a bad checkpoint: %v", err)
 	msg := err.Error()
 	assert.Contains(t, msg, "model.embed.weight")
 	assert.Contains(t, msg, ch.Object)
-	assert.Contains(t, msg, "offset")
+	assert.Contains(t, msg, fmt.Sprintf("offset %d", ch.Offset))
+
+	// A Transactional load leaves the targets exactly as they were.
+	targets = f.targets(2)
+	before = snapshot(targets)
+	opts := quietLoad()
+	opts.Transactional = true
+	_, err = loader.Load(ctx, st, targets, opts)
+	require.ErrorIs(t, err, loader.ErrChecksum)
+	require.NotErrorIs(t, err, loader.ErrTargetsPartlyFilled)
+	assert.Contains(t, err.Error(), "model.embed.weight")
 	requireUnchanged(t, before, targets)
 
 	requireVerifyProblem(t, st, true, loader.RuleChecksum)
@@ -536,10 +554,16 @@ func caseMissingObject(t T, h *Harness) {
 		require.Equal(t, damage.rule, vr.Problems[0].Rule, "%+v", vr.Problems)
 		require.Contains(t, vr.Problems[0].Object, obj)
 
+		_, err = loader.Load(ctx, st, f.targets(2), quietLoad())
+		require.ErrorIs(t, err, damage.want, "a load from a checkpoint with a %s data object", damage.name)
+		require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err), "a %s data object makes a bad checkpoint: %v", damage.name, err)
+
 		targets := f.targets(2)
 		before := snapshot(targets)
-		_, err = loader.Load(ctx, st, targets, quietLoad())
-		require.ErrorIs(t, err, damage.want, "a load from a checkpoint with a %s data object", damage.name)
+		opts := quietLoad()
+		opts.Transactional = true
+		_, err = loader.Load(ctx, st, targets, opts)
+		require.ErrorIs(t, err, damage.want, "a transactional load from a checkpoint with a %s data object", damage.name)
 		require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err), "a %s data object makes a bad checkpoint: %v", damage.name, err)
 		requireUnchanged(t, before, targets)
 	}

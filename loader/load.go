@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -41,21 +42,41 @@ type Options struct {
 	Frozen []string
 	// Concurrency bounds concurrent read requests (default 8).
 	Concurrency int
-	// MaxReadBytes caps one coalesced read (default 8 MiB, so the read
-	// buffers in flight stay near Concurrency x 8 MiB).
+	// MaxReadBytes caps one coalesced read that goes through a buffer
+	// (default 8 MiB, so the read buffers in flight stay near Concurrency x
+	// 8 MiB).
 	MaxReadBytes int64
-	// StagingLimit is the most data a transactional load stages in memory
-	// before touching the targets (default 512 MiB). A larger load reads
-	// twice instead: a verify pass (every CRC checked, nothing kept), then
-	// a copy pass that checks every CRC again while filling the targets.
+	// InPlaceReadBytes caps one ranged read whose every byte lands in place
+	// in the targets, so needs no buffer (default 64 MiB): consecutive such
+	// reads of an object are merged up to it, fewer and larger requests, as
+	// a plain read of the object makes; an object larger than it is still
+	// read by several requests in parallel.
+	InPlaceReadBytes int64
+	// Transactional makes a load that fails on a read or checksum error
+	// leave the targets exactly as they were, at the price of memory or a
+	// second read: up to StagingLimit of data is staged in memory (verified)
+	// before any target is touched; a larger load reads twice, a verify
+	// pass (every CRC checked, nothing kept), then a copy pass that checks
+	// every CRC again while filling the targets.
+	//
+	// Without it (the default) a load reads every byte once: each chunk
+	// goes straight into its target when the target's bytes for it are
+	// contiguous (or into a reused buffer of at most MaxReadBytes, then
+	// into the target), and its CRC32C is computed piece by piece while
+	// the bytes are still in the cache. Every rule that can be checked
+	// from the metadata (partial state, layout, coverage, dtype, shape,
+	// keys) is still checked before the first byte is read; a read or
+	// checksum failure midway fails with ErrTargetsPartlyFilled (and
+	// ErrChecksum naming key, object and offset), and the targets must
+	// be reloaded, for example from an older checkpoint.
+	Transactional bool
+	// StagingLimit is the most data a Transactional load stages in memory
+	// before touching the targets (default 512 MiB).
 	StagingLimit int64
-	// Direct fills the targets in one pass, with memory bounded by
-	// Concurrency x MaxReadBytes: each read is checked against its CRC32C
-	// before (or, when read straight into a contiguous target, right after)
-	// it lands. It gives up transactionality for data errors only: every
-	// resume rule is still checked before any I/O, but a read or checksum
-	// failure midway leaves the targets partly filled (ErrTargetsPartlyFilled).
-	// Use it when a failed load ends the process anyway.
+	// Direct is the one-pass load, now the default.
+	//
+	// Deprecated: one pass is the default; Direct has no effect. Use
+	// Transactional for the old default.
 	Direct bool
 	// Logger receives the one summary line of a load that pruned lazy
 	// state or skipped the optimizer (default slog.Default()).
@@ -77,6 +98,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxReadBytes <= 0 {
 		o.MaxReadBytes = 8 << 20
+	}
+	if o.InPlaceReadBytes <= 0 {
+		o.InPlaceReadBytes = 64 << 20
 	}
 	if o.StagingLimit <= 0 {
 		o.StagingLimit = 512 << 20
@@ -116,20 +140,23 @@ type Report struct {
 	// (BytesRead and ReadRequests count both passes of verify-then-copy).
 	BytesNeeded, BytesRead int64
 	ReadRequests           int
-	// Mode is how the data was read: ModeStaged, ModeVerifyThenCopy or
-	// ModeDirect.
+	// Mode is how the data was read: ModeDirect (the default),
+	// ModeStaged or ModeVerifyThenCopy (Transactional).
 	Mode     string
 	Duration time.Duration
 }
 
 // Load modes reported in Report.Mode.
 const (
-	// ModeStaged: everything read and verified into memory, then copied.
-	ModeStaged = "staged"
-	// ModeVerifyThenCopy: a verify pass, then a verified copy pass.
-	ModeVerifyThenCopy = "verify-then-copy"
-	// ModeDirect: one pass, each read verified then copied (Options.Direct).
+	// ModeDirect: the default; one pass, each byte read once into its
+	// target (or a reused buffer) and its CRC32C computed as it lands.
 	ModeDirect = "direct"
+	// ModeStaged: Transactional, everything read and verified into
+	// memory, then copied.
+	ModeStaged = "staged"
+	// ModeVerifyThenCopy: Transactional above StagingLimit, a verify pass,
+	// then a verified copy pass.
+	ModeVerifyThenCopy = "verify-then-copy"
 )
 
 // Summary is the one line logged for the load.
@@ -163,10 +190,13 @@ func Load(ctx context.Context, st *backend.Store, targets []*statedict.StateDict
 
 // Load fills targets (one StateDict per local rank, tensors preallocated
 // with the wanted dtype, global shape and chunk box; bytes keys present with
-// any value) from the checkpoint. It is transactional: every resume rule is
-// checked and every byte read and verified before any target buffer or map
-// changes, so a failed load leaves targets exactly as they were. Reads of
-// chunks wanted by several ranks happen once.
+// any value) from the checkpoint. Every resume rule is checked before any
+// data is read. By default every byte is then read once, straight into the
+// targets, with its CRC32C computed as it arrives; a data error midway is
+// ErrTargetsPartlyFilled. With Options.Transactional every byte is read and
+// verified before any target buffer or map changes, so a failed load
+// leaves targets exactly as they were. Reads of chunks wanted by several
+// ranks happen once.
 func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, opts Options) (*Report, error) {
 	start := time.Now()
 	opts.defaults()
@@ -201,13 +231,12 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
 
-	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency, maxRead: opts.MaxReadBytes}
-	mode := ModeStaged
+	ex := &executor{c: c, plan: plan, owners: owners, targets: targets, conc: opts.Concurrency, maxRead: opts.MaxReadBytes, inPlace: opts.InPlaceReadBytes}
+	mode := ModeDirect
 	switch {
-	case opts.Direct:
-		mode = ModeDirect
-		if err = ex.stream(ctx, true); err != nil {
-			err = fmt.Errorf("%w (direct mode): %w", ErrTargetsPartlyFilled, err)
+	case !opts.Transactional:
+		if err = ex.stream(ctx, true); err != nil && ex.touched.Load() {
+			err = fmt.Errorf("%w (%w; load with Options.Transactional to keep the targets intact)", err, ErrTargetsPartlyFilled)
 		}
 	case plan.BytesRead > opts.StagingLimit:
 		mode = ModeVerifyThenCopy
@@ -219,6 +248,7 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 			}
 		}
 	default:
+		mode = ModeStaged
 		var staged [][][]byte
 		if staged, err = c.readAll(ctx, plan, opts.Concurrency); err == nil {
 			// Everything is verified: now, and only now, write into the targets.
@@ -229,8 +259,11 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 		return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 	}
 	reads, bytesRead := len(plan.Ops), plan.BytesRead
-	if mode == ModeVerifyThenCopy {
-		reads, bytesRead = 2*reads, 2*bytesRead
+	switch mode {
+	case ModeVerifyThenCopy:
+		reads, bytesRead = len(plan.Ops)+ex.requests, 2*bytesRead
+	case ModeDirect:
+		reads = ex.requests
 	}
 
 	rep := &Report{
@@ -257,19 +290,9 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 		op := &plan.Ops[i]
 		g.Go(func() error {
 			buf := make([]byte, op.Length)
-			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
-				return err
-			}
-			chunks := make([][]byte, len(op.Chunks))
-			for j, cr := range op.Chunks {
-				raw, err := c.verifyChunk(op, &cr, buf[cr.Start:cr.Start+cr.Length])
-				if err != nil {
-					return err
-				}
-				chunks[j] = raw
-			}
+			chunks, err := c.readOp(gctx, op, buf)
 			out[i] = chunks
-			return nil
+			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -278,8 +301,76 @@ func (c *Checkpoint) readAll(ctx context.Context, plan *planner.LoadPlan, conc i
 	return out, nil
 }
 
-// verifyChunk checks a raw chunk's CRC32C, or decodes a foreign one.
-func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stored []byte) ([]byte, error) {
+// readOp reads op into buf (op.Length bytes), computing every chunk's
+// CRC32C while the bytes arrive, and returns each chunk's verified (or
+// decoded) bytes.
+func (c *Checkpoint) readOp(ctx context.Context, op *planner.ReadOp, buf []byte) ([][]byte, error) {
+	chunks := make([][]byte, len(op.Chunks))
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		chunks[j] = buf[cr.Start : cr.Start+cr.Length]
+	}
+	return chunks, c.readVerified(ctx, op, [][]byte{buf}, chunks, nil)
+}
+
+// readVerified reads op into segs (consecutive parts of the op's range
+// whose lengths add up to op.Length; chunks[j] is where chunk j lands,
+// inside them), computing every chunk's CRC32C while the bytes arrive,
+// then checks each chunk; a foreign chunk's decoded bytes replace
+// chunks[j]. opened, when not nil, is set once the read is open, before
+// any byte lands.
+func (c *Checkpoint) readVerified(ctx context.Context, op *planner.ReadOp, segs, chunks [][]byte, opened *atomic.Bool) error {
+	tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks)), opened: opened}
+	if err := MissingObject(c.store.ReadRangeInto(ctx, op.Object, op.Offset, segs, tap)); err != nil {
+		return err
+	}
+	for j := range op.Chunks {
+		raw, err := c.verifyChunk(op, &op.Chunks[j], chunks[j], tap.crcs[j])
+		if err != nil {
+			return err
+		}
+		chunks[j] = raw
+	}
+	return nil
+}
+
+// chunkTap computes the CRC32C of every chunk of a read op from the pieces
+// of the read, in order (backend.Tap).
+type chunkTap struct {
+	op     *planner.ReadOp
+	crcs   []uint32
+	pos    int64 // bytes of the op seen so far
+	first  int   // first chunk not yet complete (chunks are sorted by Start)
+	opened *atomic.Bool
+}
+
+// Reset is called once the read is open, before its first byte.
+func (t *chunkTap) Reset() {
+	t.pos, t.first = 0, 0
+	clear(t.crcs)
+	if t.opened != nil {
+		t.opened.Store(true)
+	}
+}
+
+func (t *chunkTap) Write(p []byte) (int, error) {
+	p0, p1 := t.pos, t.pos+int64(len(p))
+	for j := t.first; j < len(t.op.Chunks) && t.op.Chunks[j].Start < p1; j++ {
+		cr := &t.op.Chunks[j]
+		if a, b := max(cr.Start, p0), min(cr.Start+cr.Length, p1); a < b {
+			t.crcs[j] = crc32.Update(t.crcs[j], castagnoli, p[a-p0:b-p0])
+		}
+		if j == t.first && cr.Start+cr.Length <= p1 {
+			t.first++
+		}
+	}
+	t.pos = p1
+	return len(p), nil
+}
+
+// verifyChunk checks a raw chunk against its CRC32C (got, computed while
+// it was read), or decodes a foreign one.
+func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stored []byte, got uint32) ([]byte, error) {
 	var enc, dtype string
 	var crc uint32
 	var sizes []int64
@@ -293,7 +384,7 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 	}
 	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
 	if enc == metadata.EncodingRaw {
-		if got := crc32.Checksum(stored, castagnoli); got != crc {
+		if got != crc {
 			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
 		}
 		if err := checkBool(dtype, stored, where); err != nil {
@@ -357,7 +448,14 @@ type executor struct {
 	targets []*statedict.StateDict
 	conc    int
 	maxRead int64
+	inPlace int64 // cap of a merged in-place read (0: no merging)
 	pool    *bufpool.Pool
+	// requests counts the ranged reads of the last fill pass.
+	requests int
+
+	// touched is set once any target byte may have been written (a read
+	// into a target is open, or a buffered chunk is being copied).
+	touched atomic.Bool
 
 	mu   sync.Mutex
 	sets []bytesSet // bytes values, applied last
@@ -368,27 +466,42 @@ type bytesSet struct {
 	val []byte
 }
 
+// readPool returns the pool of a plan's read buffers: buffers the size of
+// its largest read, at most limit, so a small checkpoint does not cost
+// limit-sized buffers (a larger read gets a buffer of its own, or is
+// streamed).
+func readPool(plan *planner.LoadPlan, limit int64) *bufpool.Pool {
+	var largest int64
+	for i := range plan.Ops {
+		largest = max(largest, plan.Ops[i].Length)
+	}
+	return bufpool.New(int(max(1, min(largest, limit))))
+}
+
 // stream reads op by op (memory bounded by conc ops), verifying every
 // chunk; with fill it also copies them into the targets.
 func (ex *executor) stream(ctx context.Context, fill bool) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(ex.conc)
 	if ex.pool == nil {
-		ex.pool = bufpool.New(int(ex.maxRead)) // shared by both passes; ex.conc reads hold one each
+		ex.pool = readPool(ex.plan, ex.maxRead) // shared by both passes; ex.conc reads hold one each
 	}
 	pool := ex.pool
-	for i := range ex.plan.Ops {
-		op := &ex.plan.Ops[i]
+	ops := ex.plan.Ops
+	if fill {
+		ops = ex.mergeInPlace(ops)
+		ex.requests = len(ops)
+	}
+	for i := range ops {
+		op := &ops[i]
 		g.Go(func() error {
 			if fill {
-				if dst, ok := ex.directTarget(op); ok {
-					// Read straight into the target and check it there: one
-					// copy, as a plain file read makes.
-					if err := ex.c.readRange(gctx, op.Object, op.Offset, dst); err != nil {
-						return err
-					}
-					_, err := ex.c.verifyChunk(op, &op.Chunks[0], dst)
-					return err
+				if segs, chunks, direct, ok := ex.scatter(op); ok {
+					// Every chunk goes straight into its target (gaps and
+					// chunks that cannot into a buffer, copied after), the
+					// CRC computed as the bytes land: one copy, as a plain
+					// file read makes.
+					return ex.readScattered(gctx, op, segs, chunks, direct)
 				}
 			}
 			buf, err := pool.Get(gctx, int(op.Length))
@@ -396,22 +509,12 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 				return err
 			}
 			defer pool.Put(buf)
-			if err := ex.c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
+			chunks, err := ex.c.readOp(gctx, op, buf[:op.Length])
+			if err != nil || !fill {
 				return err
 			}
-			chunks := make([][]byte, len(op.Chunks))
-			for j := range op.Chunks {
-				cr := &op.Chunks[j]
-				raw, err := ex.c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length])
-				if err != nil {
-					return err
-				}
-				chunks[j] = raw
-			}
-			if !fill {
-				return nil
-			}
-			return ex.applyOp(op, chunks)
+			ex.touched.Store(true)
+			return ex.applyOp(op, chunks, nil)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -423,15 +526,135 @@ func (ex *executor) stream(ctx context.Context, fill bool) error {
 	return nil
 }
 
-// directTarget returns the target bytes an op can be read into directly:
-// the op is one raw chunk copied whole into one target whose bytes for it
-// are contiguous (a row shard into a row shard, say).
-func (ex *executor) directTarget(op *planner.ReadOp) ([]byte, bool) {
-	if len(op.Chunks) != 1 {
-		return nil, false
+// mergeInPlace merges consecutive ops that read adjacent ranges of one
+// object and land wholly in place (every chunk into its target, no gap)
+// into reads of up to ex.inPlace bytes: without a buffer to bound, the
+// only reason to split them is parallelism.
+func (ex *executor) mergeInPlace(ops []planner.ReadOp) []planner.ReadOp {
+	if ex.inPlace <= 0 || len(ops) < 2 {
+		return ops
 	}
-	cr := &op.Chunks[0]
-	if cr.Chunk < 0 || len(cr.Copies) != 1 || cr.Start != 0 || cr.Length != op.Length {
+	inPlace := func(op *planner.ReadOp) bool {
+		var pos int64
+		for j := range op.Chunks {
+			cr := &op.Chunks[j]
+			if cr.Start != pos {
+				return false
+			}
+			if _, ok := ex.chunkTarget(cr); !ok {
+				return false
+			}
+			pos += cr.Length
+		}
+		return pos == op.Length
+	}
+	out := make([]planner.ReadOp, 0, len(ops))
+	open := false // whether out's last op may take more
+	for i := range ops {
+		op := ops[i]
+		ok := inPlace(&op)
+		if n := len(out); open && ok && out[n-1].Object == op.Object && out[n-1].Offset+out[n-1].Length == op.Offset &&
+			out[n-1].Length+op.Length <= ex.inPlace {
+			last := &out[n-1]
+			for _, cr := range op.Chunks {
+				cr.Start += last.Length
+				last.Chunks = append(last.Chunks, cr)
+			}
+			last.Length += op.Length
+			continue
+		}
+		if ok {
+			op.Chunks = slices.Clone(op.Chunks) // appended to when merged
+		}
+		out = append(out, op)
+		open = ok
+	}
+	return out
+}
+
+// scatter plans reading op straight into the targets: segs are the
+// consecutive parts of the op's range (a target's bytes for a chunk, or a
+// part of a pool buffer for gaps and for chunks that cannot be read in
+// place), chunks[j] is where chunk j lands and direct[j] whether that is
+// its target. ok is false when no chunk can be read in place (or chunks
+// overlap): then the caller reads through a buffer.
+func (ex *executor) scatter(op *planner.ReadOp) (segs, chunks [][]byte, direct []bool, ok bool) {
+	direct = make([]bool, len(op.Chunks))
+	dsts := make([][]byte, len(op.Chunks))
+	var pos int64
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		if cr.Start < pos {
+			return nil, nil, nil, false
+		}
+		dsts[j], direct[j] = ex.chunkTarget(cr)
+		ok = ok || direct[j]
+		pos = cr.Start + cr.Length
+	}
+	if !ok {
+		return nil, nil, nil, false
+	}
+	chunks = make([][]byte, len(op.Chunks))
+	pos = 0
+	for j := range op.Chunks {
+		cr := &op.Chunks[j]
+		if cr.Start > pos {
+			segs = append(segs, nil) // a gap, filled in by readScattered
+		}
+		if direct[j] {
+			chunks[j] = dsts[j]
+		}
+		segs = append(segs, chunks[j]) // nil: a buffered chunk
+		pos = cr.Start + cr.Length
+	}
+	if pos < op.Length {
+		segs = append(segs, nil)
+	}
+	return segs, chunks, direct, true
+}
+
+// readScattered reads op as scatter planned it: the nil segments (gaps
+// and buffered chunks) get pool buffers, in op order; chunks not read in
+// place are then copied into the targets.
+func (ex *executor) readScattered(ctx context.Context, op *planner.ReadOp, segs, chunks [][]byte, direct []bool) error {
+	if slices.ContainsFunc(segs, func(s []byte) bool { return s == nil }) {
+		// The nil segments get their bytes from one pool buffer laid out
+		// like the op's range.
+		buf, err := ex.pool.Get(ctx, int(op.Length))
+		if err != nil {
+			return err
+		}
+		defer ex.pool.Put(buf)
+		var pos int64
+		si := 0
+		for j := range op.Chunks {
+			cr := &op.Chunks[j]
+			if cr.Start > pos {
+				segs[si] = buf[pos:cr.Start]
+				si++
+			}
+			if !direct[j] {
+				segs[si] = buf[cr.Start : cr.Start+cr.Length]
+				chunks[j] = segs[si]
+			}
+			si++
+			pos = cr.Start + cr.Length
+		}
+		if pos < op.Length {
+			segs[si] = buf[pos:op.Length]
+		}
+	}
+	if err := ex.c.readVerified(ctx, op, segs, chunks, &ex.touched); err != nil {
+		return err
+	}
+	return ex.applyOp(op, chunks, direct)
+}
+
+// chunkTarget returns the target bytes a chunk can be read into in place:
+// a raw chunk copied whole into one target whose bytes for it are
+// contiguous (a row shard into a row shard, say).
+func (ex *executor) chunkTarget(cr *planner.ChunkRead) ([]byte, bool) {
+	if cr.Chunk < 0 || len(cr.Copies) != 1 {
 		return nil, false
 	}
 	te := &ex.c.md.Tensors[cr.Entry]
@@ -444,7 +667,7 @@ func (ex *executor) directTarget(op *planner.ReadOp) ([]byte, bool) {
 	dst := ex.targets[ref.rank].Tensors[ref.key]
 	start, n, ok := contiguous(dst.Offsets, dst.Sizes, cp.Offsets, cp.Sizes)
 	elem := metadata.ElementSize(te.DType)
-	if !ok || n*elem != op.Length {
+	if !ok || n*elem != cr.Length {
 		return nil, false
 	}
 	return dst.Data[start*elem : (start+n)*elem], true
@@ -480,7 +703,7 @@ func (ex *executor) applyAll(ctx context.Context, staged [][][]byte) error {
 	g.SetLimit(ex.conc)
 	for i := range ex.plan.Ops {
 		op := &ex.plan.Ops[i]
-		g.Go(func() error { return ex.applyOp(op, staged[i]) })
+		g.Go(func() error { return ex.applyOp(op, staged[i], nil) })
 	}
 	if err := g.Wait(); err != nil {
 		return err
@@ -489,11 +712,15 @@ func (ex *executor) applyAll(ctx context.Context, staged [][][]byte) error {
 	return nil
 }
 
-// applyOp copies one op's verified chunks into the target tensors; bytes
-// values are queued for applyBytes (maps are not safe for concurrent writes).
-func (ex *executor) applyOp(op *planner.ReadOp, chunks [][]byte) error {
+// applyOp copies one op's verified chunks into the target tensors, except
+// those marked in done (already read in place); bytes values are queued
+// for applyBytes (maps are not safe for concurrent writes).
+func (ex *executor) applyOp(op *planner.ReadOp, chunks [][]byte, done []bool) error {
 	md := ex.c.md
 	for j := range op.Chunks {
+		if done != nil && done[j] {
+			continue
+		}
 		cr := &op.Chunks[j]
 		src := chunks[j]
 		if cr.Chunk < 0 {

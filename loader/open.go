@@ -12,6 +12,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"sync"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -41,10 +42,15 @@ var (
 	// storage (deleted, or never copied): the checkpoint is bad, whatever
 	// the storage's own "not found" said.
 	ErrMissingObject = ckpterr.New(ckpterr.BadCheckpoint, "data object named by the metadata is missing")
+	// ErrNotAnObject: something other than an object (a directory holding
+	// objects) stands where the metadata object belongs: the checkpoint is
+	// unreadable, never "uncommitted".
+	ErrNotAnObject = ckpterr.New(ckpterr.BadCheckpoint, "not an object at the metadata key")
 	// ErrChecksum: stored bytes do not match their CRC32C.
 	ErrChecksum = ckpterr.New(ckpterr.BadCheckpoint, "checksum mismatch")
 	// ErrTargetsPartlyFilled: a load failed after it had started writing
-	// into the targets (Direct mode, or a read failure in the copy pass of
+	// into the targets (a read or checksum failure in the default one-pass
+	// load, or a read failure in the copy pass of a Transactional
 	// verify-then-copy); reload or discard the targets.
 	ErrTargetsPartlyFilled = ckpterr.New(ckpterr.Internal, "load failed after the targets were partly filled")
 )
@@ -56,6 +62,31 @@ type Checkpoint struct {
 	format metadata.Format
 	md     *metadata.Checkpoint
 	raw    []byte
+
+	sizesMu sync.Mutex
+	sizes   map[string]int64 // data object sizes as stored (objectSize)
+}
+
+// objectSize returns the stored size of a data object, from one Stat per
+// object per open checkpoint. A missing object is ErrMissingObject.
+func (c *Checkpoint) objectSize(ctx context.Context, object string) (int64, error) {
+	c.sizesMu.Lock()
+	n, ok := c.sizes[object]
+	c.sizesMu.Unlock()
+	if ok {
+		return n, nil
+	}
+	a, err := c.store.Stat(ctx, object)
+	if err != nil {
+		return 0, MissingObject(err)
+	}
+	c.sizesMu.Lock()
+	if c.sizes == nil {
+		c.sizes = map[string]int64{}
+	}
+	c.sizes[object] = a.Size
+	c.sizesMu.Unlock()
+	return a.Size, nil
 }
 
 // Open reads the metadata of the checkpoint at st, probing the registered
@@ -67,6 +98,9 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		data, err := st.ReadAll(ctx, f.ObjectKey, metadata.MaxSize)
 		if errors.Is(err, backend.ErrNotFound) {
 			continue
+		}
+		if errors.Is(err, backend.ErrObjectTooLarge) {
+			return nil, fmt.Errorf("open checkpoint %s: %w: the metadata object is over the %d-byte limit of docs/FORMAT.md: %w", st, metadata.ErrInvalid, metadata.MaxSize, err)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
@@ -89,7 +123,7 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 	// No metadata here. Tell an incomplete checkpoint (data objects) from a
 	// run prefix (checkpoints below it) by looking at a bounded number of
 	// keys for a nested metadata object.
-	var sample, nested string
+	var sample, nested, shadow string
 	seen := 0
 	errStop := errors.New("stop")
 	formats := metadata.Formats()
@@ -98,6 +132,10 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 			sample = o.Key
 		}
 		for _, f := range formats {
+			if strings.HasPrefix(o.Key, f.ObjectKey+"/") {
+				shadow = f.ObjectKey // a prefix (directory) where the metadata object belongs
+				return errStop
+			}
 			if strings.HasSuffix(o.Key, "/"+f.ObjectKey) {
 				nested = o.Key
 				return errStop
@@ -112,6 +150,8 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
 	}
 	switch {
+	case shadow != "":
+		return nil, fmt.Errorf("open checkpoint %s: %w: %s is a prefix (directory) holding objects, not the metadata object", st, ErrNotAnObject, st.URL(shadow))
 	case nested != "":
 		return nil, fmt.Errorf("open checkpoint %s: %w: this is a prefix holding checkpoints (e.g. %s); name one of them, or use the run's newest (ckpt latest)",
 			st, ErrNoCheckpoint, st.URL(path.Dir(nested)))
@@ -143,14 +183,6 @@ func (c *Checkpoint) Store() *backend.Store { return c.store }
 
 // URL is the checkpoint's redacted URL.
 func (c *Checkpoint) URL() string { return c.store.String() }
-
-// readRange reads len(buf) bytes of a data object at offset through the
-// checkpoint's one reader. A data object the metadata names but storage
-// lacks, or holds shorter than the metadata says, is ErrMissingObject (a
-// bad checkpoint), not a plain not-found or an unclassified short read.
-func (c *Checkpoint) readRange(ctx context.Context, object string, offset int64, buf []byte) error {
-	return MissingObject(c.store.ReadRange(ctx, object, offset, buf))
-}
 
 // MissingObject returns err with a not-found read of a data object that a
 // committed checkpoint names, or a read past its end (a truncated object,

@@ -19,6 +19,19 @@ func (c *Checkpoint) ReadTensor(ctx context.Context, key string) (*statedict.Ten
 	if err := planner.CheckCoverage(te); err != nil {
 		return nil, fmt.Errorf("read %s: %w", c.URL(), err)
 	}
+	// Allocation is bounded by what storage really holds: every chunk
+	// must lie inside its object as stored (one Stat per object), so a
+	// small metadata object cannot make this allocate what no object has.
+	for _, ch := range te.Chunks {
+		n, err := c.objectSize(ctx, ch.Object)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: tensor %q: %w", c.URL(), key, err)
+		}
+		if ch.Offset > n || ch.Length > n-ch.Offset {
+			return nil, fmt.Errorf("read %s: tensor %q: %w: chunk [%d,+%d) of %s is past its end (%d bytes stored)",
+				c.URL(), key, ErrMissingObject, ch.Offset, ch.Length, c.store.URL(ch.Object), n)
+		}
+	}
 	t := statedict.NewTensor(statedict.DType(te.DType), te.Shape...)
 	if len(t.Data) == 0 {
 		return t, nil

@@ -103,7 +103,7 @@ func (f *failReadsAfter) NewRangeReader(ctx context.Context, k string, o, l int6
 // left the targets partly filled without saying so.
 func TestCopyPassFailureSaysTargetsArePartlyFilled(t *testing.T) {
 	st, full := modesState(t, "copy-pass-fail")
-	opts := loader.Options{StagingLimit: 1, MaxReadBytes: 4096, Concurrency: 1, Logger: quiet()}
+	opts := loader.Options{Transactional: true, StagingLimit: 1, MaxReadBytes: 4096, Concurrency: 1, Logger: quiet()}
 	counter := &failReadsAfter{Driver: st.Driver(), after: 1 << 40}
 	rep, err := loader.Load(context.Background(), st.WithDriver(counter), modesTargets(full, 2), opts)
 	require.NoError(t, err)

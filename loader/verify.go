@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -11,7 +13,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -286,24 +287,42 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
-	pool := bufpool.New(planner.DefaultMaxReadBytes) // conc reads hold one each
+	pool := readPool(plan, planner.DefaultMaxReadBytes) // conc reads hold one each
 	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
 		g.Go(func() error {
+			if op.Length > int64(pool.Size()) && c.rawOp(op) {
+				// One chunk larger than a read buffer: streamed through a
+				// small buffer, so memory does not follow chunk size.
+				for _, cr := range op.Chunks {
+					if err := c.streamChunk(gctx, op, &cr); err != nil {
+						if !errors.Is(err, ErrChecksum) && !errors.Is(err, ErrInvalidBool) {
+							return err
+						}
+						findings[i] = append(findings[i], Finding{Rule: RuleChecksum, Key: cr.Key, Object: c.store.URL(op.Object), Message: err.Error()})
+					}
+				}
+				if progress != nil {
+					progress(checked.Add(op.Length), plan.BytesRead)
+				}
+				return nil
+			}
 			buf, err := pool.Get(gctx, int(op.Length))
 			if err != nil {
 				return err
 			}
 			defer pool.Put(buf)
-			if err := c.readRange(gctx, op.Object, op.Offset, buf); err != nil {
+			tap := &chunkTap{op: op, crcs: make([]uint32, len(op.Chunks))}
+			if err := MissingObject(c.store.ReadRangeInto(gctx, op.Object, op.Offset, [][]byte{buf}, tap)); err != nil {
 				return err
 			}
 			if progress != nil {
 				progress(checked.Add(op.Length), plan.BytesRead)
 			}
-			for _, cr := range op.Chunks {
-				if _, err := c.verifyChunk(op, &cr, buf[cr.Start:cr.Start+cr.Length]); err != nil {
+			for j := range op.Chunks {
+				cr := &op.Chunks[j]
+				if _, err := c.verifyChunk(op, cr, buf[cr.Start:cr.Start+cr.Length], tap.crcs[j]); err != nil {
 					findings[i] = append(findings[i], Finding{Rule: RuleChecksum, Key: cr.Key, Object: c.store.URL(op.Object), Message: err.Error()})
 				}
 			}
@@ -318,4 +337,68 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 		out = append(out, f...)
 	}
 	return plan.BytesRead, out, nil
+}
+
+// streamPiece is the buffer a streamed chunk check reads through.
+const streamPiece = 4 << 20
+
+// rawOp reports whether every chunk op reads is stored raw (CRC32C over
+// the stored bytes, checkable piece by piece).
+func (c *Checkpoint) rawOp(op *planner.ReadOp) bool {
+	for _, cr := range op.Chunks {
+		enc := ""
+		if cr.Chunk >= 0 {
+			enc = c.md.Tensors[cr.Entry].Chunks[cr.Chunk].Encoding
+		} else {
+			enc = c.md.Bytes[cr.Entry].Encoding
+		}
+		if enc != metadata.EncodingRaw {
+			return false
+		}
+	}
+	return true
+}
+
+// streamChunk checks a raw chunk's CRC32C (and bool bytes) reading it in
+// streamPiece pieces: what verifyChunk checks, in bounded memory.
+func (c *Checkpoint) streamChunk(ctx context.Context, op *planner.ReadOp, cr *planner.ChunkRead) error {
+	var crc uint32
+	var dtype string
+	if cr.Chunk >= 0 {
+		te := &c.md.Tensors[cr.Entry]
+		crc, dtype = te.Chunks[cr.Chunk].CRC32C, te.DType
+	} else {
+		crc = c.md.Bytes[cr.Entry].CRC32C
+	}
+	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	rc, err := c.store.NewRangeReader(ctx, op.Object, op.Offset+cr.Start, cr.Length)
+	if err != nil {
+		return MissingObject(err)
+	}
+	defer rc.Close()
+	buf := make([]byte, min(int64(streamPiece), cr.Length))
+	var got uint32
+	var done int64
+	for done < cr.Length {
+		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), cr.Length-done)])
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where, done+int64(n), io.ErrUnexpectedEOF)
+			}
+			return err
+		}
+		got = crc32.Update(got, castagnoli, buf[:n])
+		if dtype == string(statedict.Bool) {
+			for j, b := range buf[:n] {
+				if b > 1 {
+					return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where, done+int64(j), b)
+				}
+			}
+		}
+		done += int64(n)
+	}
+	if got != crc {
+		return fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
+	}
+	return nil
 }

@@ -54,13 +54,17 @@ func Encode(c *Checkpoint) ([]byte, error) {
 	if c.WorldSize < 1 {
 		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
 	}
-	var buf bytes.Buffer
-	enc := gojson.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(c); err != nil {
+	unsealed := *c
+	unsealed.MetadataCRC32C = 0 // omitted: Seal appends the member
+	out, err := encodeJSON(&unsealed)
+	if err != nil {
 		return nil, fmt.Errorf("encode metadata: %w", err)
 	}
-	return buf.Bytes(), nil
+	major, minor, err := ParseVersion(c.Version)
+	if err != nil || major != MajorVersion || minor < SealMinorVersion {
+		return out, nil // an older version, written as it was
+	}
+	return Seal(out)
 }
 
 // emptyArrays replaces nil slices with empty ones, so that Encode writes []
@@ -125,6 +129,17 @@ func Decode(data []byte) (*Checkpoint, error) {
 	if major < 1 {
 		return nil, fmt.Errorf("%w: $.version %q is below 1.0, which no ckptkit release wrote", ErrInvalid, version)
 	}
+	// The seal is checked before anything else is decoded: a flipped bit
+	// must not reach the decoder as a plausible value. Documents of 1.1 on
+	// must carry it; 1.0 ones are read without it, but are checked when
+	// they have one.
+	sealed, err := checkSeal(data)
+	if err != nil {
+		return nil, err
+	}
+	if !sealed && (major > 1 || minor >= SealMinorVersion) {
+		return nil, fmt.Errorf("%w: $.%s is missing: format %s documents carry the CRC32C of their body as their last member", ErrInvalid, SealMember, version)
+	}
 	known := major == MajorVersion && minor <= MinorVersion
 	if err := checkStrict(data, known); err != nil {
 		return nil, err
@@ -140,6 +155,9 @@ func Decode(data []byte) (*Checkpoint, error) {
 	}
 	if c.WorldSize < 1 {
 		return nil, fmt.Errorf("%w: $.world_size is %d, want at least 1", ErrInvalid, c.WorldSize)
+	}
+	if !sealed && c.MetadataCRC32C != 0 {
+		return nil, fmt.Errorf("%w: $.%s is not written as the document's last member", ErrInvalid, SealMember)
 	}
 	return c, nil
 }

@@ -30,7 +30,7 @@ func sample() *metadata.Checkpoint {
 func TestEncodeDecodeRoundTrip(t *testing.T) {
 	enc, err := metadata.Encode(sample())
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(string(enc), `{"format":"ckptkit","version":"1.0"`), "format and version come first: %s", enc[:40])
+	require.True(t, strings.HasPrefix(string(enc), `{"format":"ckptkit","version":"1.1"`), "format and version come first: %s", enc[:40])
 	c, err := metadata.Decode(enc)
 	require.NoError(t, err)
 	require.Equal(t, "model.b", c.Tensors[0].Key, "entries are sorted")
@@ -47,17 +47,19 @@ func mutate(t *testing.T, f func(s string) string) []byte {
 	t.Helper()
 	enc, err := metadata.Encode(sample())
 	require.NoError(t, err)
-	return []byte(f(string(enc)))
+	sealed, err := metadata.Seal([]byte(f(string(enc))))
+	require.NoError(t, err)
+	return sealed
 }
 
 func TestDecodeVersions(t *testing.T) {
-	_, err := metadata.Decode(mutate(t, func(s string) string { return strings.Replace(s, `"version":"1.0"`, `"version":"2.0"`, 1) }))
+	_, err := metadata.Decode(mutate(t, func(s string) string { return strings.Replace(s, `"version":"1.1"`, `"version":"2.0"`, 1) }))
 	require.ErrorIs(t, err, metadata.ErrNewerFormat)
 	require.Contains(t, err.Error(), "upgrade ckptkit")
 
 	// A newer minor may add fields: they are ignored.
 	c, err := metadata.Decode(mutate(t, func(s string) string {
-		return strings.Replace(strings.Replace(s, `"version":"1.0"`, `"version":"1.7"`, 1), `"world_size":2`, `"world_size":2,"future":{"x":1}`, 1)
+		return strings.Replace(strings.Replace(s, `"version":"1.1"`, `"version":"1.7"`, 1), `"world_size":2`, `"world_size":2,"future":{"x":1}`, 1)
 	}))
 	require.NoError(t, err)
 	require.Equal(t, 2, c.WorldSize)
@@ -118,7 +120,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"format":"ckptkit","version":"1.0"}`))
 	// Seeds for the strict pass: unknown nested members of a newer minor,
 	// escapes in names and strings.
-	f.Add([]byte(strings.Replace(strings.Replace(string(enc), `"version":"1.0"`, `"version":"1.7"`, 1), `"world_size":2`, `"world_size":2,"x\u0079":[{"a":[1,-2e3,true,null]},"\ud83d\ude00"]`, 1)))
+	f.Add([]byte(strings.Replace(strings.Replace(string(enc), `"version":"1.1"`, `"version":"1.7"`, 1), `"world_size":2`, `"world_size":2,"x\u0079":[{"a":[1,-2e3,true,null]},"\ud83d\ude00"]`, 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := metadata.Decode(data)
 		if err != nil {

@@ -15,7 +15,7 @@ const (
 	// writes. Readers refuse a newer major version and accept newer minors,
 	// ignoring the fields they do not know.
 	MajorVersion = 1
-	MinorVersion = 0
+	MinorVersion = 1
 	// ObjectKey is the metadata object's key inside a checkpoint prefix.
 	ObjectKey = "ckptkit.metadata.json"
 	// MaxSize bounds a metadata object's size on decode.
@@ -61,6 +61,10 @@ type Checkpoint struct {
 	Objects []ObjectEntry `json:"objects"`
 	// Training is the training-state record.
 	Training TrainingState `json:"training"`
+	// MetadataCRC32C is the seal: the CRC32C of the document's bytes before
+	// this member, which is always the last (see Seal). Encode computes it;
+	// Decode checks it before decoding and leaves the stored value here.
+	MetadataCRC32C uint32 `json:"metadata_crc32c,omitempty"`
 }
 
 // TensorEntry is one tensor key: dtype, global shape, and the chunks that

@@ -14,7 +14,9 @@ import (
 )
 
 // edit applies replacements (old, new pairs, each replacing the first
-// occurrence) to the encoding of sample(), failing if an old is absent.
+// occurrence) to the encoding of sample(), failing if an old is absent,
+// and seals the result again (metadata.Seal), so that the rule under test
+// is reached; a document Seal refuses is returned unsealed.
 func edit(t *testing.T, pairs ...string) []byte {
 	t.Helper()
 	enc, err := metadata.Encode(sample())
@@ -24,11 +26,14 @@ func edit(t *testing.T, pairs ...string) []byte {
 		require.Contains(t, s, pairs[i], "the base document lacks %q", pairs[i])
 		s = strings.Replace(s, pairs[i], pairs[i+1], 1)
 	}
+	if sealed, err := metadata.Seal([]byte(s)); err == nil {
+		return sealed
+	}
 	return []byte(s)
 }
 
 const (
-	v10       = `"version":"1.0"`
+	v10       = `"version":"1.1"` // the version Encode writes
 	v17       = `"version":"1.7"`
 	firstW    = `"offsets":[0,0],"sizes":[2,2],"object":"rank-00000-000.data","offset":0,"length":16,"crc32c":7`
 	firstWObj = `"object":"rank-00000-000.data","offset":0,"length":16`
@@ -114,7 +119,7 @@ func TestDecodeRefusesHostileMetadata(t *testing.T) {
 		{"byte order mark", []string{`{"format"`, "\ufeff{\"format\""}, `starts with a byte order mark`},
 		// Order.
 		{"tensors out of bytewise order", []string{`"key":"model.w"`, `"key":"model.B"`}, `$.tensors[1].key: tensors not sorted or duplicated at "model.B"`},
-		{"trailing data", []string{training + `}`, training + `}{}`}, `trailing data`},
+		{"trailing data after the seal", []string{"}\n", "}{}\n"}, `$.metadata_crc32c must be the document's last member`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := metadata.Decode(edit(t, tc.pairs...))

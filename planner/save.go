@@ -2,6 +2,7 @@ package planner
 
 import (
 	"cmp"
+	"container/heap"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,8 +12,45 @@ import (
 )
 
 // DefaultObjectName names a rank's n-th data object:
-// "rank-RRRRR-NNN.data".
+// "rank-RRRRR-NNN.data". Savers use AttemptObjectName instead, so that two
+// attempts at one checkpoint never write the same object.
 func DefaultObjectName(rank, n int) string { return fmt.Sprintf("rank-%05d-%03d.data", rank, n) }
+
+// AttemptObjectName returns the namer of one save attempt's data objects:
+// "rank-RRRRR-NNN.<attempt>.data". attempt must be non-empty lowercase hex
+// or decimal digits (ParseObjectName accepts [0-9a-f]+).
+func AttemptObjectName(attempt string) func(rank, n int) string {
+	return func(rank, n int) string { return fmt.Sprintf("rank-%05d-%03d.%s.data", rank, n, attempt) }
+}
+
+// ParseObjectName reports whether name is a data object name ckptkit
+// writes, "rank-R-N.data" (DefaultObjectName) or "rank-R-N.A.data"
+// (AttemptObjectName), with R and N decimal digits of any width and A
+// lowercase hex; attempt is "" for the first form.
+func ParseObjectName(name string) (attempt string, ok bool) {
+	rest, ok := strings.CutPrefix(name, "rank-")
+	if !ok {
+		return "", false
+	}
+	rest, ok = strings.CutSuffix(rest, ".data")
+	if !ok {
+		return "", false
+	}
+	rest, attempt, dotted := strings.Cut(rest, ".")
+	if dotted && !isLowerHex(attempt) {
+		return "", false
+	}
+	a, b, ok := strings.Cut(rest, "-")
+	return attempt, ok && isDigits(a) && isDigits(b)
+}
+
+func isDigits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}
+
+func isLowerHex(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789abcdef") == ""
+}
 
 // itemRef locates a SaveItem: plans[plan].Items[item].
 type itemRef struct{ plan, item int32 }
@@ -21,6 +59,7 @@ type itemRef struct{ plan, item int32 }
 type keyGroup struct {
 	key   string
 	first itemRef // the first offer, the reference for agreement checks
+	start int32   // where refs start in the merged order
 	refs  []itemRef
 }
 
@@ -77,60 +116,44 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 	item := func(r itemRef) *SaveItem { return &plans[r.plan].Items[r.item] }
 	rank := func(r itemRef) int { return plans[r.plan].Rank }
 
-	// Validate items and group them by key.
-	groupOf := make(map[string]int32, total/max(1, len(plans)))
+	// Validate items and group them by key: a merge of the plans in key
+	// order (each plan sorted first if it is not already), so a group's
+	// offers are adjacent and the groups come out sorted, without a map of
+	// keys. The first offer of a group is the one of the lowest plan index.
+	flat := make([]itemRef, 0, total)
 	var groups []keyGroup
-	gids := make([]int32, 0, total)
-	counts := []int32(nil)
-	for pi := range plans {
-		for ii := range plans[pi].Items {
-			r := itemRef{int32(pi), int32(ii)}
-			it := item(r)
-			if err := checkItem(it, rank(r)); err != nil {
-				return nil, err
-			}
-			g, ok := groupOf[it.Key]
-			if !ok {
-				g = int32(len(groups))
-				groupOf[it.Key] = g
-				groups = append(groups, keyGroup{key: it.Key, first: r})
-				counts = append(counts, 0)
-			} else if err := agree(item(groups[g].first), rank(groups[g].first), it, rank(r)); err != nil {
-				return nil, err
-			}
-			gids = append(gids, g)
-			counts[g]++
+	var err error
+	mergeByKey(plans, func(r itemRef) bool {
+		it := item(r)
+		if err = checkItem(it, rank(r)); err != nil {
+			return false
 		}
-	}
-	// Counting sort of the refs by group: one backing array.
-	flat := make([]itemRef, total)
-	next := make([]int32, len(groups))
-	var off int32
-	for g := range groups {
-		next[g] = off
-		groups[g].refs = flat[off : off+counts[g] : off+counts[g]]
-		off += counts[g]
-	}
-	k := 0
-	for pi := range plans {
-		for ii := range plans[pi].Items {
-			g := gids[k]
-			flat[next[g]] = itemRef{int32(pi), int32(ii)}
-			next[g]++
-			k++
+		if n := len(groups); n > 0 && groups[n-1].key == it.Key {
+			if err = agree(item(groups[n-1].first), rank(groups[n-1].first), it, rank(r)); err != nil {
+				return false
+			}
+		} else {
+			groups = append(groups, keyGroup{key: it.Key, first: r, start: int32(len(flat))})
 		}
+		flat = append(flat, r)
+		return true
+	})
+	if err != nil {
+		return nil, err
 	}
 	var tensorGroups, bytesGroups []int32
 	for g := range groups {
+		end := int32(len(flat))
+		if g+1 < len(groups) {
+			end = groups[g+1].start
+		}
+		groups[g].refs = flat[groups[g].start:end:end]
 		if item(groups[g].first).Kind == TensorItem {
 			tensorGroups = append(tensorGroups, int32(g))
 		} else {
 			bytesGroups = append(bytesGroups, int32(g))
 		}
 	}
-	byKey := func(a, b int32) int { return strings.Compare(groups[a].key, groups[b].key) }
-	slices.SortFunc(tensorGroups, byKey)
-	slices.SortFunc(bytesGroups, byKey)
 
 	md := &metadata.Checkpoint{
 		Format:    metadata.FormatName,
@@ -368,4 +391,77 @@ func agree(a *SaveItem, ra int, b *SaveItem, rb int) error {
 		return fmt.Errorf("%w: tensor %q: rank %d offers global shape %v, rank %d offers %v", ErrPlanMismatch, a.Key, ra, a.GlobalShape, rb, b.GlobalShape)
 	}
 	return nil
+}
+
+// mergeByKey calls yield with every item of plans in key order (ties by
+// plan index, then item index) until yield returns false: a k-way merge of
+// the plans, each visited in key order (its own order when already sorted,
+// the common case; otherwise a sorted index). It costs O(n log k) key
+// comparisons for n items in k plans.
+func mergeByKey(plans []LocalPlan, yield func(itemRef) bool) {
+	h := &mergeHeap{plans: plans}
+	for pi := range plans {
+		items := plans[pi].Items
+		if len(items) == 0 {
+			continue
+		}
+		c := &mergeCursor{plan: int32(pi)}
+		if !slices.IsSortedFunc(items, func(a, b SaveItem) int { return strings.Compare(a.Key, b.Key) }) {
+			c.order = make([]int32, len(items))
+			for i := range c.order {
+				c.order[i] = int32(i)
+			}
+			slices.SortStableFunc(c.order, func(a, b int32) int { return strings.Compare(items[a].Key, items[b].Key) })
+		}
+		h.cursors = append(h.cursors, c)
+	}
+	heap.Init(h)
+	for h.Len() > 0 {
+		c := h.cursors[0]
+		if !yield(itemRef{c.plan, c.item()}) {
+			return
+		}
+		if c.pos++; c.pos == len(plans[c.plan].Items) {
+			heap.Pop(h)
+		} else {
+			heap.Fix(h, 0)
+		}
+	}
+}
+
+// mergeCursor is a plan's position in mergeByKey.
+type mergeCursor struct {
+	plan  int32
+	order []int32 // nil: the plan's own order
+	pos   int
+}
+
+func (c *mergeCursor) item() int32 {
+	if c.order == nil {
+		return int32(c.pos)
+	}
+	return c.order[c.pos]
+}
+
+// mergeHeap orders the cursors by their current key, then plan index
+// (container/heap.Interface).
+type mergeHeap struct {
+	plans   []LocalPlan
+	cursors []*mergeCursor
+}
+
+func (h *mergeHeap) Len() int { return len(h.cursors) }
+func (h *mergeHeap) Less(i, j int) bool {
+	a, b := h.cursors[i], h.cursors[j]
+	if c := strings.Compare(h.plans[a.plan].Items[a.item()].Key, h.plans[b.plan].Items[b.item()].Key); c != 0 {
+		return c < 0
+	}
+	return a.plan < b.plan
+}
+func (h *mergeHeap) Swap(i, j int) { h.cursors[i], h.cursors[j] = h.cursors[j], h.cursors[i] }
+func (h *mergeHeap) Push(x any)    { h.cursors = append(h.cursors, x.(*mergeCursor)) }
+func (h *mergeHeap) Pop() any {
+	c := h.cursors[len(h.cursors)-1]
+	h.cursors = h.cursors[:len(h.cursors)-1]
+	return c
 }

@@ -2,6 +2,8 @@ package planner
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -245,4 +247,41 @@ func TestPlanSaveEmpty(t *testing.T) {
 	require.NoError(t, gp.Metadata.Validate())
 	_, err = metadata.Encode(gp.Metadata)
 	require.NoError(t, err)
+}
+
+// PlanSave groups offers by merging the plans in key order: the plan (and
+// so the metadata) does not depend on the order of each rank's items,
+// sorted, reversed or mixed, nor on ranks offering different key sets.
+func TestPlanSaveIndependentOfItemOrder(t *testing.T) {
+	const world = 3
+	build := func(order func(r int, items []SaveItem)) []LocalPlan {
+		var plans []LocalPlan
+		for r := range world {
+			items := []SaveItem{bytesItem("iteration", 3), wholeItem("model.a", "float32", ints(10))}
+			for k := range 20 {
+				items = append(items, rowItem(fmt.Sprintf("model.l%02d.w", k), "float32", ints(6, 4), r, world))
+			}
+			if r == 1 {
+				items = append(items, wholeItem("model.only1", "float32", ints(3)))
+			}
+			order(r, items)
+			plans = append(plans, LocalPlan{Rank: r, Items: items})
+		}
+		return plans
+	}
+	sorted := build(func(_ int, items []SaveItem) {
+		slices.SortFunc(items, func(a, b SaveItem) int { return strings.Compare(a.Key, b.Key) })
+	})
+	want, err := PlanSave(sorted, SaveOptions{})
+	require.NoError(t, err)
+	checkGlobalPlan(t, sorted, want)
+	mixed := build(func(r int, items []SaveItem) {
+		if r != 1 {
+			slices.Reverse(items)
+		}
+	})
+	got, err := PlanSave(mixed, SaveOptions{})
+	require.NoError(t, err)
+	checkGlobalPlan(t, mixed, got)
+	require.Equal(t, want.Metadata, got.Metadata)
 }

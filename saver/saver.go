@@ -8,7 +8,9 @@ package saver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/gob"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -421,7 +423,14 @@ func globalPlan(ctx context.Context, st *backend.Store, vals []any, opts Options
 	}
 	// Plan first: a save that cannot be planned must not uncommit the
 	// checkpoint it was going to replace.
-	gp, err := planner.PlanSave(plans, planner.SaveOptions{MaxObjectBytes: opts.MaxObjectBytes})
+	// Every attempt names its data objects with an id of its own, so a
+	// concurrent or retried writer never overwrites this attempt's data;
+	// the metadata commit decides which attempt the checkpoint is.
+	attempt, err := newAttemptID()
+	if err != nil {
+		return planOutcome{err: fmt.Errorf("save %s: %w", st, err)}
+	}
+	gp, err := planner.PlanSave(plans, planner.SaveOptions{MaxObjectBytes: opts.MaxObjectBytes, ObjectName: planner.AttemptObjectName(attempt)})
 	if err != nil {
 		return planOutcome{err: fmt.Errorf("save %s: plan: %w", st, err)}
 	}
@@ -429,6 +438,15 @@ func globalPlan(ctx context.Context, st *backend.Store, vals []any, opts Options
 		return planOutcome{err: err}
 	}
 	return planOutcome{plan: gp}
+}
+
+// newAttemptID returns 64 random bits in hex: the attempt id of a save.
+func newAttemptID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("attempt id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // checkUncommitted refuses to write over a committed checkpoint (of any
@@ -508,17 +526,34 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			defer uploads.Release(1)
 			// CRCs of the bytes written (the staged copy when staging), here
 			// rather than while staging, which blocks the caller.
-			results[i] = itemCRCs(body, w.Items)
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
+			src := backend.NewSlicesReader(body)
 			if objectCRC {
+				// Needed before the upload starts: a pass of its own.
+				results[i] = itemCRCs(body, w.Items)
 				var obj uint32
 				for _, b := range body {
 					obj = crc32.Update(obj, castagnoli, b)
 				}
 				po.CRC32C = &obj
+			} else {
+				// Computed while the upload copies the bytes, in
+				// cache-sized pieces: one pass over them.
+				lengths := make([]int64, len(w.Items))
+				for j, it := range w.Items {
+					lengths[j] = it.Length
+				}
+				src.HashItems(lengths)
 			}
-			if err := st.Put(gctx, w.Object, w.Size, backend.NewSlicesReader(body), po); err != nil {
+			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
+			}
+			if !objectCRC {
+				crcs, ok := src.ItemCRCs()
+				if !ok { // not every byte went through this reader
+					crcs = itemCRCs(body, w.Items)
+				}
+				results[i] = crcs
 			}
 			written.Add(w.Size)
 			return nil

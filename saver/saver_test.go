@@ -12,6 +12,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/fs"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/coordinator"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
@@ -196,4 +197,24 @@ func TestRankCancelledAfterCommitStillSeesTheCommit(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	require.True(t, committed(t, st))
+}
+
+// Regression (issue 16): keys with NUL or invalid UTF-8 were saved (and
+// passed verify). A save refuses them before writing anything, naming the
+// key, as a usage error.
+func TestSaveRefusesKeysWithNULOrInvalidUTF8(t *testing.T) {
+	for name, key := range map[string]string{"nul": "model.w\x00x", "invalid utf-8": "model.\xff", "empty": ""} {
+		t.Run(name, func(t *testing.T) {
+			st := store(t)
+			sds := ranks(1)
+			sds[0].Bytes[key] = []byte("x")
+			_, err := saver.SaveLocal(context.Background(), st, sds, saver.Options{})
+			require.ErrorIs(t, err, statedict.ErrBadKey)
+			require.Equal(t, ckpterr.Usage, ckpterr.ClassOf(err))
+			require.False(t, committed(t, st))
+			n := 0
+			require.NoError(t, st.List(context.Background(), "", func(backend.ObjectInfo) error { n++; return nil }))
+			require.Zero(t, n, "nothing written")
+		})
+	}
 }

@@ -28,6 +28,13 @@ export CKPTKIT_CONFORMANCE_SUMMARY=${CKPTKIT_CONFORMANCE_SUMMARY:-$(mktemp)}
 set +e
 go test -count=1 -timeout 30m "$@" ./...
 status=$?
+# Every fuzz target for a bounded time (scripts/fuzz.sh; make reliability
+# runs them longer). CKPTKIT_FUZZTIME=0 skips them.
+if [[ "${CKPTKIT_FUZZTIME:-3s}" != 0 ]]; then
+	echo
+	echo "== fuzz targets (${CKPTKIT_FUZZTIME:-3s} each) =="
+	bash scripts/fuzz.sh "${CKPTKIT_FUZZTIME:-3s}" || status=1
+fi
 set -e
 if [[ -s $CKPTKIT_CONFORMANCE_SUMMARY ]]; then
 	echo

@@ -3,7 +3,30 @@ package statedict
 import (
 	"fmt"
 	"sort"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
+
+// ErrBadKey: a state-dict key is empty, holds a NUL byte or is not valid
+// UTF-8. Keys are metadata keys (docs/FORMAT.md, "Keys"), so a save
+// refuses them before writing anything.
+var ErrBadKey = ckpterr.New(ckpterr.Usage, "invalid state-dict key")
+
+// CheckKey returns ErrBadKey, naming k, when k is empty, holds NUL or is
+// not valid UTF-8.
+func CheckKey(k string) error {
+	switch {
+	case k == "":
+		return fmt.Errorf("%w: empty key", ErrBadKey)
+	case !utf8.ValidString(k):
+		return fmt.Errorf("%w: key %q is not valid UTF-8", ErrBadKey, k)
+	case strings.IndexByte(k, 0) >= 0:
+		return fmt.Errorf("%w: key %q holds a NUL byte", ErrBadKey, k)
+	}
+	return nil
+}
 
 // StateDict is one rank's flat training state: tensor chunks and opaque byte
 // values, each under a dotted key (docs/FORMAT.md, "Keys"). On save
@@ -32,9 +55,18 @@ func (sd *StateDict) Keys() []string {
 	return out
 }
 
-// Check validates every shard and that no key is both a tensor and bytes.
+// Check validates every key (CheckKey) and shard, and that no key is both
+// a tensor and bytes.
 func (sd *StateDict) Check() error {
+	for k := range sd.Bytes {
+		if err := CheckKey(k); err != nil {
+			return err
+		}
+	}
 	for k, s := range sd.Tensors {
+		if err := CheckKey(k); err != nil {
+			return err
+		}
 		if err := s.Check(); err != nil {
 			return fmt.Errorf("tensor %q: %w", k, err)
 		}

@@ -29,6 +29,7 @@ import (
 	"syscall"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/bufpool"
 )
 
@@ -144,7 +145,9 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 	if err := d.ensure(false); err != nil {
 		return nil, err
 	}
-	f, err := d.root.Open(native(key))
+	// O_NONBLOCK: opening a FIFO must not wait for a writer; fstat of the
+	// opened file then tells what it is, with no window for a swap.
+	f, err := d.root.OpenFile(native(key), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +158,7 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()
-		return nil, notAnObject(key)
+		return nil, notAnObject(key, fi.Mode())
 	}
 	size := fi.Size()
 	if offset >= size || length == 0 {
@@ -169,8 +172,47 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 	return &fileReader{ctx: ctx, r: io.NewSectionReader(f, offset, n), f: f}, nil
 }
 
-func notAnObject(key string) error {
-	return &iofs.PathError{Op: "open", Path: key, Err: iofs.ErrNotExist}
+// Remain implements backend.Remainer.
+func (r *fileReader) Remain() int64 {
+	if sr, ok := r.r.(*io.SectionReader); ok {
+		pos, err := sr.Seek(0, io.SeekCurrent)
+		if err == nil {
+			return sr.Size() - pos
+		}
+	}
+	return -1
+}
+
+// ErrNotRegular is the error for a key that names something other than a
+// regular file (a FIFO, a socket, a device): storage holds a thing that is
+// not an object where an object is expected. It is never "not found", so a
+// checkpoint whose metadata key is such a thing is reported, not taken for
+// uncommitted. A directory at a key is a prefix, and so not found.
+var ErrNotRegular = ckpterr.New(ckpterr.BadCheckpoint, "not a regular file")
+
+// notAnObject is the error for a key whose file has mode m (not regular).
+func notAnObject(key string, m iofs.FileMode) error {
+	if m.IsDir() {
+		return &iofs.PathError{Op: "open", Path: key, Err: iofs.ErrNotExist}
+	}
+	return fmt.Errorf("%s is a %s: %w", key, fileKind(m), ErrNotRegular)
+}
+
+// fileKind names the kind of a non-regular file mode.
+func fileKind(m iofs.FileMode) string {
+	switch {
+	case m&iofs.ModeNamedPipe != 0:
+		return "named pipe (FIFO)"
+	case m&iofs.ModeSocket != 0:
+		return "socket"
+	case m&iofs.ModeCharDevice != 0:
+		return "character device"
+	case m&iofs.ModeDevice != 0:
+		return "device"
+	case m&iofs.ModeSymlink != 0:
+		return "symbolic link"
+	}
+	return "non-regular file (" + m.String() + ")"
 }
 
 type fileReader struct {
@@ -346,7 +388,7 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 		return backend.Attributes{}, err
 	}
 	if !fi.Mode().IsRegular() {
-		return backend.Attributes{}, notAnObject(key)
+		return backend.Attributes{}, notAnObject(key, fi.Mode())
 	}
 	return backend.Attributes{Size: fi.Size(), ModTime: fi.ModTime()}, nil
 }

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/fs"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
@@ -239,4 +242,25 @@ func TestListToleratesDirectoriesDeletedMeanwhile(t *testing.T) {
 		}
 		require.NoError(t, st.List(ctx, "", func(backend.ObjectInfo) error { return nil }))
 	}
+}
+
+// Regression (issue 16): a FIFO at a key made a read block forever waiting
+// for a writer, and Stat called it "not found". Both now return at once
+// with fs.ErrNotRegular (class bad-checkpoint), never not-found.
+func TestFIFOIsNotAnObject(t *testing.T) {
+	root := t.TempDir()
+	require.NoError(t, syscall.Mkfifo(filepath.Join(root, "pipe"), 0o644))
+	st, err := backend.Open(context.Background(), root)
+	require.NoError(t, err)
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = st.ReadAll(ctx, "pipe", 1<<20)
+	require.ErrorIs(t, err, fs.ErrNotRegular)
+	require.NotErrorIs(t, err, backend.ErrNotFound)
+	require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err))
+	require.Contains(t, err.Error(), "named pipe")
+	_, err = st.Stat(ctx, "pipe")
+	require.ErrorIs(t, err, fs.ErrNotRegular)
+	require.NoError(t, ctx.Err(), "returned at once")
 }

@@ -310,7 +310,7 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 			return nil, fmt.Errorf("s3: range: %w", err)
 		}
 	}
-	rc, _, _, err := d.core.GetObject(ctx, d.bucket, key, opts)
+	rc, info, _, err := d.core.GetObject(ctx, d.bucket, key, opts)
 	if err != nil {
 		var er minio.ErrorResponse
 		if errors.As(err, &er) && (er.Code == minio.InvalidRange || er.StatusCode == http.StatusRequestedRangeNotSatisfiable) {
@@ -319,7 +319,28 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 		}
 		return nil, fmt.Errorf("s3: get %s: %w", key, err)
 	}
-	return rc, nil
+	return &sizedReader{ReadCloser: rc, left: info.Size}, nil
+}
+
+// sizedReader knows the length of the response body it reads (its
+// Content-Length), for backend.Remainer.
+type sizedReader struct {
+	io.ReadCloser
+	left int64
+}
+
+func (r *sizedReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	r.left -= int64(n)
+	return n, err
+}
+
+// Remain implements backend.Remainer.
+func (r *sizedReader) Remain() int64 {
+	if r.left < 0 {
+		return -1
+	}
+	return r.left
 }
 
 // Stat implements backend.Driver.
@@ -667,3 +688,32 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 // interface does not cover (bucket management, inspecting incomplete
 // multipart uploads).
 func (d *Driver) Client() *minio.Client { return d.client }
+
+// ListUploads implements backend.UploadLister: the bucket's incomplete
+// multipart uploads of keys under prefix.
+func (d *Driver) ListUploads(ctx context.Context, prefix string, fn func(backend.Upload) error) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops minio's listing goroutine when fn ends early
+	for u := range d.client.ListIncompleteUploads(lctx, d.bucket, prefix, true) {
+		if u.Err != nil {
+			return fmt.Errorf("s3: list uploads %s: %w", prefix, u.Err)
+		}
+		if err := fn(backend.Upload{Key: u.Key, ID: u.UploadID, Initiated: u.Initiated, Size: u.Size}); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// AbortUpload implements backend.UploadLister.
+func (d *Driver) AbortUpload(ctx context.Context, key, id string) error {
+	err := d.core.AbortMultipartUpload(ctx, d.bucket, key, id)
+	var er minio.ErrorResponse
+	if errors.As(err, &er) && er.Code == minio.NoSuchUpload {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("s3: abort upload %s: %w", key, err)
+	}
+	return nil
+}

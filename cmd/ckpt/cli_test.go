@@ -135,7 +135,7 @@ func TestShallowVerifySaysWhatItDidNotCheck(t *testing.T) {
 	run := filepath.Join(t.TempDir(), "run")
 	trainJSON(t, run, "--steps", "3", "--save-every", "3")
 	step := filepath.Join(run, "step-00000003")
-	data := filepath.Join(step, "rank-00000-000.data")
+	data := dataObject(t, step, 0)
 	b, err := os.ReadFile(data)
 	require.NoError(t, err)
 	b[len(b)/2] ^= 0x01
@@ -261,7 +261,7 @@ func TestLatestWithoutAValidCheckpoint(t *testing.T) {
 	run := filepath.Join(t.TempDir(), "run")
 	trainJSON(t, run, "--steps", "3", "--save-every", "3")
 	md := filepath.Join(run, "step-00000003", "ckptkit.metadata.json")
-	data := filepath.Join(run, "step-00000003", "rank-00000-000.data")
+	data := dataObject(t, filepath.Join(run, "step-00000003"), 0)
 	require.NoError(t, os.Truncate(data, 10))
 
 	code, out, _ := ckpt(t, "latest", "--json", run)

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 )
 
 // cloudURL returns a fresh prefix under the test server URL in env, or
@@ -33,15 +35,6 @@ func cloudURL(t *testing.T, env string) string {
 	return out
 }
 
-// withPath puts p after the path of a URL that may carry a query.
-func withPath(u, p string) string {
-	base, query, ok := strings.Cut(u, "?")
-	if ok {
-		return base + "/" + p + "?" + query
-	}
-	return base + "/" + p
-}
-
 // Train on S3, copy the step-6 checkpoint to GCS, resume from the GCS copy:
 // the weights match an uninterrupted local run bit for bit.
 func TestTrainS3CopyToGCSResume(t *testing.T) {
@@ -49,17 +42,17 @@ func TestTrainS3CopyToGCSResume(t *testing.T) {
 	straight := trainJSON(t, "--url", t.TempDir(), "--steps", "12", "--save-every", "3")
 
 	trainJSON(t, "--url", s3, "--steps", "6", "--save-every", "3", "--ranks", "4")
-	code, out, errs := ckpt(t, "copy", "--json", withPath(s3, "step-00000006"), withPath(gs, "step-00000006"))
+	code, out, errs := ckpt(t, "copy", "--json", ckpttest.WithPath(s3, "step-00000006"), ckpttest.WithPath(gs, "step-00000006"))
 	require.Equal(t, 0, code, errs)
 	var res struct{ Objects int }
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	require.Greater(t, res.Objects, 1)
 
-	code, _, errs = ckpt(t, "copy", withPath(s3, "step-00000006"), withPath(gs, "step-00000006"))
+	code, _, errs = ckpt(t, "copy", ckpttest.WithPath(s3, "step-00000006"), ckpttest.WithPath(gs, "step-00000006"))
 	require.Equal(t, 6, code, "a committed destination is refused without --force (conflict): %s", errs)
 	require.Contains(t, errs, "already holds a committed checkpoint")
 
-	code, out, _ = ckpt(t, "verify", "--deep", withPath(gs, "step-00000006"))
+	code, out, _ = ckpt(t, "verify", "--deep", ckpttest.WithPath(gs, "step-00000006"))
 	require.Equal(t, 0, code, out)
 	resumed := trainJSON(t, "--url", gs, "--steps", "12", "--save-every", "3", "--ranks", "2", "--resume")
 	require.Equal(t, int64(6), *resumed.ResumedFrom)
@@ -73,7 +66,7 @@ func TestDCPFixturesOnObjectStores(t *testing.T) {
 	for _, env := range []string{"CKPTKIT_TEST_S3_URL", "CKPTKIT_TEST_GCS_URL"} {
 		base := cloudURL(t, env)
 		for _, c := range []string{"dense", "sparse_optim", "frozen", "nested_unflattened"} {
-			dst := withPath(base, c)
+			dst := ckpttest.WithPath(base, c)
 			code, _, errs := ckpt(t, "copy", filepath.Join(fixtures, c), dst)
 			require.Equal(t, 0, code, "%s %s: %s", env, c, errs)
 			code, out, errs := ckpt(t, "inspect", "--json", "--hash", dst)

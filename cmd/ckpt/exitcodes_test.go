@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
+
 	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
@@ -64,7 +66,7 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 
 	// bad-checkpoint: a real DCP checkpoint whose pickled .metadata is cut.
 	dcp := filepath.Join(dir, "dcp")
-	copyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dcp)
+	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dcp)
 	md, err := os.ReadFile(filepath.Join(dcp, ".metadata"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dcp, ".metadata"), md[:len(md)/2], 0o644))
@@ -72,12 +74,13 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 	// bad-checkpoint: a committed checkpoint one of whose data objects is
 	// gone is a bad checkpoint, not a "not found".
 	holed := filepath.Join(dir, "holed")
-	copyDir(t, good, holed)
-	require.NoError(t, os.Remove(filepath.Join(holed, "rank-00000-000.data")))
+	ckpttest.CopyDir(t, good, holed)
+	holedObject := dataObject(t, holed, 0)
+	require.NoError(t, os.Remove(holedObject))
 
 	// unsupported: a native checkpoint from a future major format version.
 	future := filepath.Join(dir, "future")
-	copyDir(t, good, future)
+	ckpttest.CopyDir(t, good, future)
 	mdPath := filepath.Join(future, "ckptkit.metadata.json")
 	raw, err := os.ReadFile(mdPath)
 	require.NoError(t, err)
@@ -106,7 +109,7 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 		{ckpterr.BadCheckpoint, nil, []string{"verify", dcp}, ".metadata"},
 		{ckpterr.BadCheckpoint, nil, []string{"inspect", dcp}, ".metadata"},
 		{ckpterr.BadCheckpoint, nil, []string{"copy", holed, filepath.Join(dir, "holed-copy")}, "data object named by the metadata is missing"},
-		{ckpterr.BadCheckpoint, nil, []string{"inspect", "--hash", holed}, "rank-00000-000.data"},
+		{ckpterr.BadCheckpoint, nil, []string{"inspect", "--hash", holed}, filepath.Base(holedObject)},
 		{ckpterr.Usage, nil, []string{"train", "--bogus-flag"}, "bogus-flag"},
 		{ckpterr.Usage, nil, []string{"inspect"}, "arg"},
 		{ckpterr.Usage, nil, []string{"inspect", "nosuchscheme://x"}, "registered schemes"},
@@ -160,20 +163,4 @@ func slowDownS3(t *testing.T) string {
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "testtesttest")
 	return "s3://bucket/run?endpoint=" + strings.TrimPrefix(slow.URL, "http://") + "&insecure=true&region=us-east-1"
-}
-
-// copyDir copies the regular files of src (hidden ones included) into dst.
-func copyDir(t *testing.T, src, dst string) {
-	t.Helper()
-	require.NoError(t, os.MkdirAll(dst, 0o755))
-	entries, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range entries {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644))
-	}
 }

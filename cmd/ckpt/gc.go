@@ -21,6 +21,12 @@ type gcOutput struct {
 	// Deletions and Bytes total the checkpoints the plan deletes.
 	Deletions int   `json:"deletions"`
 	Bytes     int64 `json:"bytes"`
+	// Orphans are data objects of kept checkpoints their metadata does not
+	// name (older than --grace), OrphanBytes their total; Uploads the
+	// incomplete multipart uploads older than --grace.
+	Orphans     []gcOrphan `json:"orphans"`
+	OrphanBytes int64      `json:"orphan_bytes"`
+	Uploads     []gcUpload `json:"uploads"`
 	// Result is what the deletion did (absent with --dry-run).
 	Result *gcResult `json:"result,omitempty"`
 }
@@ -32,10 +38,49 @@ type gcDecision struct {
 }
 
 type gcResult struct {
-	Deleted []gc.Deleted `json:"deleted"`
-	Skipped []gcDecision `json:"skipped"`
-	Objects int          `json:"objects"`
-	Bytes   int64        `json:"bytes"`
+	Deleted        []gc.Deleted `json:"deleted"`
+	Skipped        []gcDecision `json:"skipped"`
+	Objects        int          `json:"objects"`
+	Bytes          int64        `json:"bytes"`
+	Orphans        int          `json:"orphans"`
+	OrphanBytes    int64        `json:"orphan_bytes"`
+	UploadsAborted int          `json:"uploads_aborted"`
+}
+
+type gcOrphan struct {
+	Checkpoint string     `json:"checkpoint"`
+	Key        string     `json:"key"`
+	Bytes      int64      `json:"bytes"`
+	Modified   *time.Time `json:"modified,omitempty"`
+}
+
+type gcUpload struct {
+	Key       string     `json:"key"`
+	ID        string     `json:"id"`
+	Initiated *time.Time `json:"initiated,omitempty"`
+	Bytes     int64      `json:"bytes"`
+}
+
+// orZero is t in UTC, nil when t is zero (unknown).
+func orZero(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// gcPlanJSON is the document of a plan (Result is added after Execute).
+func gcPlanJSON(plan *gc.Plan, dryRun bool) *gcOutput {
+	out := &gcOutput{URL: plan.Run, DryRun: dryRun, NewestValid: plan.NewestValid, Decisions: gcDecisions(plan.Decisions),
+		Deletions: plan.Deletions, Bytes: plan.DeleteBytes, Orphans: []gcOrphan{}, OrphanBytes: plan.OrphanBytes, Uploads: []gcUpload{}}
+	for _, o := range plan.Orphans {
+		out.Orphans = append(out.Orphans, gcOrphan{Checkpoint: o.Checkpoint, Key: o.Key, Bytes: o.Bytes, Modified: orZero(o.ModTime)})
+	}
+	for _, u := range plan.Uploads {
+		out.Uploads = append(out.Uploads, gcUpload{Key: u.Key, ID: u.ID, Initiated: orZero(u.Initiated), Bytes: u.Size})
+	}
+	return out
 }
 
 func gcDecisions(ds []gc.Decision) []gcDecision {
@@ -50,7 +95,8 @@ func gcResultJSON(r *gc.Result) *gcResult {
 	if r == nil {
 		return nil
 	}
-	out := &gcResult{Deleted: r.Deleted, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed}
+	out := &gcResult{Deleted: r.Deleted, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed,
+		Orphans: r.OrphansDeleted, OrphanBytes: r.OrphanBytesFreed, UploadsAborted: r.UploadsAborted}
 	if out.Deleted == nil {
 		out.Deleted = []gc.Deleted{}
 	}
@@ -78,7 +124,12 @@ anything newer than it that is younger than --grace (a save may be writing
 it; older ones that fail verification are kept for inspection); uncommitted
 prefixes younger than --grace; prefixes holding any object ckptkit did not
 write, including foreign formats. Uncommitted prefixes older than --grace
-are abandoned saves and are removed.
+are abandoned saves and are removed. Under committed checkpoints, data
+objects older than --grace that the metadata does not name (a save attempt
+that lost the commit to a concurrent writer, or one an overwrite replaced)
+are orphans and are removed too. Incomplete multipart uploads under the run
+(S3) started more than --grace ago (parts of a save or copy that was killed)
+are listed and aborted.
 
 Each deletion removes the metadata object first, so an interrupted gc never
 leaves a committed-looking checkpoint with missing data, then the data
@@ -115,11 +166,11 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 					return err
 				}
 			}
-			out := &gcOutput{URL: plan.Run, DryRun: dryRun, NewestValid: plan.NewestValid, Decisions: gcDecisions(plan.Decisions), Deletions: plan.Deletions, Bytes: plan.DeleteBytes}
+			out := gcPlanJSON(plan, dryRun)
 			if !asJSON {
 				printGCPlan(cmd.OutOrStdout(), plan, now, dryRun)
 			}
-			if !dryRun && plan.Deletions > 0 {
+			if !dryRun && (plan.Deletions > 0 || len(plan.Orphans) > 0 || len(plan.Uploads) > 0) {
 				opts := gc.Options{Concurrency: parallel}
 				p := newItemProgress(cmd, "gc", "checkpoints")
 				in := inv(cmd)
@@ -136,6 +187,12 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 				}
 				res, err := gc.Execute(ctx, run, plan.Decisions, opts)
 				p.finish()
+				if err == nil && len(plan.Orphans) > 0 {
+					res.OrphansDeleted, res.OrphanBytesFreed, err = gc.DeleteOrphans(ctx, run, plan.Orphans, opts)
+				}
+				if err == nil && len(plan.Uploads) > 0 {
+					res.UploadsAborted, err = gc.AbortUploads(ctx, run, plan.Uploads)
+				}
 				out.Result = gcResultJSON(res)
 				if err != nil {
 					if asJSON {
@@ -145,6 +202,12 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 				}
 				if !asJSON {
 					fmt.Fprintf(cmd.OutOrStdout(), "deleted %d checkpoint(s), %d objects, %s freed\n", len(res.Deleted), res.ObjectsDeleted, humanBytes(res.BytesFreed))
+					if res.UploadsAborted > 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "aborted %d incomplete upload(s)\n", res.UploadsAborted)
+					}
+					if res.OrphansDeleted > 0 {
+						fmt.Fprintf(cmd.OutOrStdout(), "deleted %d orphan data object(s), %s freed\n", res.OrphansDeleted, humanBytes(res.OrphanBytesFreed))
+					}
 				}
 			}
 			if asJSON {
@@ -194,4 +257,20 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		verb = "dry run: would delete"
 	}
 	fmt.Fprintf(w, "%s %d checkpoint(s), %s\n", verb, plan.Deletions, humanBytes(plan.DeleteBytes))
+	for _, o := range plan.Orphans {
+		fmt.Fprintf(w, "orphan %s (%s): not named by its checkpoint's metadata\n", safe(o.Key), humanBytes(o.Bytes))
+	}
+	if len(plan.Orphans) > 0 {
+		fmt.Fprintf(w, "%s %d orphan data object(s) of losing or replaced save attempts, %s\n", verb, len(plan.Orphans), humanBytes(plan.OrphanBytes))
+	}
+	for _, u := range plan.Uploads {
+		fmt.Fprintf(w, "upload %s (%s of parts, started %s ago): incomplete\n", safe(u.Key), humanBytes(u.Size), humanAge(now.Sub(u.Initiated)))
+	}
+	if len(plan.Uploads) > 0 {
+		abort := "will abort"
+		if dryRun {
+			abort = "dry run: would abort"
+		}
+		fmt.Fprintf(w, "%s %d incomplete upload(s) older than the grace period\n", abort, len(plan.Uploads))
+	}
 }

@@ -68,7 +68,7 @@ func TestInterruptedCopyLeavesNothing(t *testing.T) {
 		code int
 	}{{syscall.SIGINT, "SIGINT", 130}, {syscall.SIGTERM, "SIGTERM", 143}} {
 		t.Run(tc.name, func(t *testing.T) {
-			dstURL := withPath(base, "copy-"+tc.name)
+			dstURL := ckpttest.WithPath(base, "copy-"+tc.name)
 			dstURL += "&part_size=5MiB&multipart_threshold=5MiB&concurrency=2"
 			dst, err := backend.Open(context.Background(), dstURL)
 			require.NoError(t, err)
@@ -110,7 +110,7 @@ func TestInterruptedCopyLeavesNothing(t *testing.T) {
 // secondSignalExitsAtOnce: a second signal exits at once, with the same
 // code, saying so.
 func secondSignalExitsAtOnce(t *testing.T, bin, src, base string) {
-	dstURL := withPath(base, "copy-twice") + "&part_size=5MiB&multipart_threshold=5MiB&concurrency=2"
+	dstURL := ckpttest.WithPath(base, "copy-twice") + "&part_size=5MiB&multipart_threshold=5MiB&concurrency=2"
 	dst, err := backend.Open(context.Background(), dstURL)
 	require.NoError(t, err)
 	defer dst.Close()

@@ -13,6 +13,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 type trainFlags struct {
@@ -171,10 +172,12 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		case err != nil:
 			return err
 		default:
-			c := found.Checkpoint
 			withOptim := !f.noLoadOptim
-			targets := tr.LoadTargets(f.ranks, withOptim)
-			rep, err := c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
+			var targets []*statedict.StateDict
+			c, rep, err := loadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+				targets = tr.LoadTargets(f.ranks, withOptim)
+				return c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
+			}, logf)
 			if err != nil {
 				return bad(fmt.Errorf("resume: %w", err))
 			}

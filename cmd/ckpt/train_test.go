@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,12 +140,72 @@ func TestCopyOfABadCheckpointExitsOne(t *testing.T) {
 	require.Equal(t, 3, code, "a missing source is not found: %s", errs)
 	trainJSON(t, "--url", filepath.Join(dir, "run"), "--steps", "3", "--save-every", "3")
 	src := filepath.Join(dir, "run", "step-00000003")
-	data, err := os.ReadFile(filepath.Join(src, "rank-00000-000.data"))
+	obj := dataObject(t, src, 0)
+	data, err := os.ReadFile(obj)
 	require.NoError(t, err)
 	data[100] ^= 0xff
-	require.NoError(t, os.WriteFile(filepath.Join(src, "rank-00000-000.data"), data, 0o644))
+	require.NoError(t, os.WriteFile(obj, data, 0o644))
 	code, _, errs = ckpt(t, "copy", src, "mem://copy-dst/y")
 	require.Equal(t, 1, code, errs)
 	require.Contains(t, errs, "checksum mismatch")
 	require.Equal(t, 1, strings.Count(errs, "checksum mismatch"), "the cause is said once: %s", errs)
+}
+
+// dataObject returns the path of rank's first data object in the fs
+// checkpoint dir (its name carries the save attempt's id).
+func dataObject(t *testing.T, dir string, rank int) string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, fmt.Sprintf("rank-%05d-000.*.data", rank)))
+	require.NoError(t, err)
+	require.Len(t, m, 1, "one data object of rank %d in %s", rank, dir)
+	return m[0]
+}
+
+// Regression (issue 15): the default load fills the targets in one pass, so
+// a corrupt byte in the newest checkpoint is found midway; --resume then
+// says so, falls back to the next older valid checkpoint, and the run ends
+// bit-identical to an uninterrupted one.
+func TestTrainResumeFallsBackPastCorruptCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	straight := trainJSON(t, "--url", filepath.Join(dir, "straight"), "--steps", "12", "--save-every", "3", "--ranks", "2")
+
+	run := filepath.Join(dir, "run")
+	trainJSON(t, "--url", run, "--steps", "9", "--save-every", "3", "--ranks", "2")
+	// Flip one byte of the newest checkpoint's last data chunk: its
+	// metadata still verifies, only reading the bytes finds it.
+	ctx := context.Background()
+	st, err := backend.Open(ctx, filepath.Join(run, "step-00000009"))
+	require.NoError(t, err)
+	raw, err := st.ReadAll(ctx, metadata.ObjectKey, 0)
+	require.NoError(t, err)
+	md, err := metadata.Decode(raw)
+	require.NoError(t, err)
+	last := md.Tensors[len(md.Tensors)-1]
+	ch := last.Chunks[len(last.Chunks)-1]
+	obj := filepath.Join(run, "step-00000009", filepath.FromSlash(ch.Object))
+	data, err := os.ReadFile(obj)
+	require.NoError(t, err)
+	data[ch.Offset] ^= 0x10
+	require.NoError(t, os.WriteFile(obj, data, 0o644))
+
+	code, out, errs := ckpt(t, "train", "--seed", "7", "--url", run, "--steps", "12", "--save-every", "3", "--ranks", "2", "--resume")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, errs, "step-00000009 is damaged")
+	require.Contains(t, errs, "checksum mismatch")
+	require.Contains(t, errs, "falling back to the next older valid checkpoint")
+	require.Regexp(t, `resumed from \S+/run/step-00000006 at step 6`, errs)
+	require.Contains(t, out, "weights_sha256 "+straight.WeightsSHA256)
+
+	// With every checkpoint damaged the resume fails as a bad checkpoint
+	// instead of starting over.
+	bad := filepath.Join(dir, "bad")
+	trainJSON(t, "--url", bad, "--steps", "3", "--save-every", "3", "--ranks", "2")
+	obj = dataObject(t, filepath.Join(bad, "step-00000003"), 0) // names carry the save attempt: not step 9's
+	data, err = os.ReadFile(obj)
+	require.NoError(t, err)
+	data[0] ^= 0x10
+	require.NoError(t, os.WriteFile(obj, data, 0o644))
+	code, _, errs = ckpt(t, "train", "--url", bad, "--steps", "6", "--save-every", "3", "--ranks", "2", "--resume")
+	require.Equal(t, 1, code, errs)
+	require.Contains(t, errs, "no older checkpoint is valid")
 }

@@ -1,14 +1,20 @@
 // Package faultproxy is a test helper: an HTTP reverse proxy in front of a
 // real object-store server (versitygw, fake-gcs-server) that counts the
-// requests it sees and answers chosen ones with an error status itself, so
-// tests can count at the server how often a client retried.
+// requests it sees and answers chosen ones with an error status itself, or
+// breaks their connection (reset before the response, truncated headers, a
+// body cut short), so tests can count at the server how often a client
+// retried and see how it classifies transport failures.
 package faultproxy
 
 import (
+	"bytes"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -33,7 +39,32 @@ type Rule struct {
 	// Seen, when set, gets a value (without blocking) for every matching
 	// request as it arrives.
 	Seen chan<- struct{}
+	// Break, when set, fails a request by breaking its connection instead
+	// of answering with Status.
+	Break Break
 }
+
+// Break is a way of failing a request at the transport level.
+type Break int
+
+// The breaks.
+const (
+	// NoBreak answers with the rule's Status and Body.
+	NoBreak Break = iota
+	// Reset closes the connection with a TCP reset before any byte of a
+	// response: the client sees a reset or an early EOF. The server never
+	// sees the request.
+	Reset
+	// BrokenHeaders writes a status line and a header block cut in the
+	// middle of a line, then closes: the client sees a malformed header
+	// or an unexpected EOF. The server never sees the request.
+	BrokenHeaders
+	// CutBody forwards the request (the server acts on it), sends the
+	// response's header and half of its body, then closes the connection:
+	// the client sees an unexpected EOF after the server has, say,
+	// committed an object.
+	CutBody
+)
 
 // Proxy is a running fault-injecting proxy.
 type Proxy struct {
@@ -56,6 +87,10 @@ func New(target string) (*Proxy, error) {
 	// computed for it.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rule, delay := p.match(r)
+		if rule != nil && rule.Break != NoBreak {
+			breakConn(w, r, rp, rule.Break)
+			return
+		}
 		if rule != nil {
 			ct := rule.ContentType
 			if ct == "" {
@@ -102,6 +137,41 @@ func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
 		delay = max(delay, rule.Delay)
 	}
 	return fail, delay
+}
+
+// breakConn fails r by breaking its connection the way b says.
+func breakConn(w http.ResponseWriter, r *http.Request, rp http.Handler, b Break) {
+	var partial bytes.Buffer
+	switch b {
+	case BrokenHeaders:
+		partial.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Len")
+	case CutBody:
+		// The server acts on the request; the client gets the response's
+		// header and half of its body, or nothing when it has no body.
+		rec := httptest.NewRecorder()
+		rp.ServeHTTP(rec, r)
+		if body := rec.Body.Bytes(); len(body) >= 2 {
+			fmt.Fprintf(&partial, "HTTP/1.1 %d %s\r\n", rec.Code, http.StatusText(rec.Code))
+			h := rec.Header().Clone()
+			h.Set("Content-Length", strconv.Itoa(len(body)))
+			_ = h.Write(&partial)
+			partial.WriteString("\r\n")
+			partial.Write(body[:len(body)/2])
+		}
+	}
+	conn, buf, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if partial.Len() > 0 {
+		// Delivered, then an orderly close: the client reads the partial
+		// response and then an early EOF.
+		_, _ = buf.Write(partial.Bytes())
+		_ = buf.Flush()
+	} else if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0) // a reset, not an orderly close
+	}
+	_ = conn.Close()
 }
 
 // delayedWriter holds a forwarded response back before its header.

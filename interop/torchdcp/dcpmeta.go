@@ -478,7 +478,8 @@ type ItemReader func(object string, offset, length int64) ([]byte, error)
 // FillIteration sets c.Training.Iteration from the bytes entry "iteration",
 // or else "step", when it holds a Python int. DecodeMetadata cannot do this
 // itself because DCP's metadata holds no values. It reports whether an
-// iteration was found; a missing, opaque or non-int entry is not an error.
+// iteration was found; a missing, opaque or non-int entry is not an error,
+// but one whose pickle names a forbidden global is (ErrForbiddenGlobal).
 func FillIteration(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	for _, key := range []string{"iteration", "step"} {
 		b := c.BytesValue(key)
@@ -490,6 +491,15 @@ func FillIteration(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 			return false, fmt.Errorf("read %q: %w", key, err)
 		}
 		v, err := DecodeValue(item)
+		if errors.Is(err, ErrForbiddenGlobal) {
+			// Not an opaque value but a hostile one: reported, never
+			// taken for "no iteration" (a resume would start at 0).
+			var fg *ForbiddenGlobalError
+			if errors.As(err, &fg) {
+				return false, fmt.Errorf("decode %q: %w", key, fg)
+			}
+			return false, fmt.Errorf("decode %q: %w: %w", key, ErrForbiddenGlobal, err)
+		}
 		if errors.Is(err, ErrOpaque) {
 			continue
 		}

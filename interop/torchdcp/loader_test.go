@@ -479,12 +479,17 @@ func TestLoaderSharded2RankMissingRankFile(t *testing.T) {
 	require.NoError(t, err, "the metadata is intact")
 	_, err = c.ReadTensor(ctx, "model.emb.weight")
 	require.ErrorIs(t, err, backend.ErrNotFound)
+	// The default one-pass load fails on the missing object; a
+	// Transactional one also leaves the target as it was.
+	_, err = c.Load(ctx, []*statedict.StateDict{fullTarget(c)}, loader.Options{Logger: quiet()})
+	require.ErrorIs(t, err, backend.ErrNotFound)
+	require.ErrorIs(t, err, loader.ErrMissingObject)
 	target := fullTarget(c)
 	fill(target, 0x33)
 	before := snapshot(target)
-	_, err = c.Load(ctx, []*statedict.StateDict{target}, loader.Options{Logger: quiet()})
+	_, err = c.Load(ctx, []*statedict.StateDict{target}, loader.Options{Transactional: true, Logger: quiet()})
 	require.ErrorIs(t, err, backend.ErrNotFound)
-	assert.Equal(t, before, target, "a failed load leaves the target unchanged")
+	assert.Equal(t, before, target, "a failed transactional load leaves the target unchanged")
 }
 
 func TestLoaderSharded2RankMissingChunk(t *testing.T) {

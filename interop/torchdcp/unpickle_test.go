@@ -315,3 +315,18 @@ func TestAmplificationLimits(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	assert.Contains(t, err.Error(), "more chunks than its size allows")
 }
+
+// Regression (issue 16): a DCP "step" item whose pickle names a forbidden
+// global was taken for an opaque value, so the checkpoint reported
+// "iteration 0" and resumable. FillIteration reports the global.
+func TestFillIterationReportsAForbiddenGlobal(t *testing.T) {
+	item := torchSave(t, "archive", newPickle(2).global("posix", "system").str("id").op(opTuple1, opReduce).stop(), nil, nil)
+	c := &metadata.Checkpoint{Bytes: []metadata.BytesEntry{{Key: "step", Object: "__0_0.distcp", Length: int64(len(item)), Encoding: EncodingBytes}}}
+	read := func(string, int64, int64) ([]byte, error) { return item, nil }
+	found, err := FillIteration(c, read)
+	require.ErrorIs(t, err, ErrForbiddenGlobal)
+	assert.Contains(t, err.Error(), "posix.system")
+	assert.Contains(t, err.Error(), `"step"`)
+	assert.False(t, found)
+	assert.Zero(t, c.Training.Iteration)
+}

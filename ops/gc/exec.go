@@ -26,6 +26,15 @@ type Plan struct {
 	// Deletions and DeleteBytes total the checkpoints to delete.
 	Deletions   int   `json:"deletions"`
 	DeleteBytes int64 `json:"delete_bytes"`
+	// Orphans are data objects under kept committed checkpoints that their
+	// metadata does not name and that are older than the grace period
+	// (FindOrphans); DeleteOrphans removes them.
+	Orphans     []Orphan `json:"orphans"`
+	OrphanBytes int64    `json:"orphan_bytes"`
+	// Uploads are incomplete multipart uploads under the run started
+	// longer than the grace period ago (FindUploads); AbortUploads
+	// aborts them.
+	Uploads []backend.Upload `json:"uploads"`
 }
 
 // PlanRun lists run once, finds its newest valid checkpoint (verified as
@@ -51,11 +60,22 @@ func PlanRun(ctx context.Context, run *backend.Store, p Policy, deep bool, now t
 		return nil, err
 	}
 	pl := &Plan{Run: run.String(), NewestValid: newest, Decisions: ds}
+	doomed := map[string]bool{}
 	for _, d := range ds {
 		if d.Delete {
 			pl.Deletions++
 			pl.DeleteBytes += d.Entry.Bytes
+			doomed[d.Entry.Name] = true
 		}
+	}
+	if pl.Orphans, err = FindOrphans(ctx, run, entries, doomed, p.Grace, now); err != nil {
+		return nil, err
+	}
+	for _, o := range pl.Orphans {
+		pl.OrphanBytes += o.Bytes
+	}
+	if pl.Uploads, err = FindUploads(ctx, run, p.Grace, now); err != nil {
+		return nil, err
 	}
 	return pl, nil
 }
@@ -96,6 +116,12 @@ type Result struct {
 	Skipped        []Decision `json:"skipped"`
 	ObjectsDeleted int        `json:"objects_deleted"`
 	BytesFreed     int64      `json:"bytes_freed"`
+	// OrphansDeleted and OrphanBytesFreed count the orphan data objects
+	// DeleteOrphans removed (the CLI runs it after Execute).
+	OrphansDeleted   int   `json:"orphans_deleted"`
+	OrphanBytesFreed int64 `json:"orphan_bytes_freed"`
+	// UploadsAborted counts the incomplete uploads AbortUploads aborted.
+	UploadsAborted int `json:"uploads_aborted"`
 }
 
 // Execute deletes the checkpoints the decisions mark, oldest first, below

@@ -3,7 +3,7 @@
 //
 //   - fs save (saver.SaveLocal, 4 ranks) vs a dd-style sequential write
 //     with fdatasync;
-//   - fs load (same world size and resharded, default/staged/direct modes)
+//   - fs load (same world size and resharded; default one-pass and transactional modes)
 //     vs a sequential page-cache read of the same files, with read
 //     amplification and request counts;
 //   - S3 and GCS save/load vs raw SDK transfers, when CKPTKIT_TEST_S3_URL /
@@ -157,13 +157,13 @@ func runBench(args []string) error {
 	var ckptDir string
 	if cfg.want("save") || cfg.want("load") || cfg.want("mem") {
 		sds := sourceState(specs, 4)
-		row, dir, err := benchFSSave(ctx, cfg, specs, sds)
+		rows, dir, err := benchFSSave(ctx, cfg, specs, sds)
 		if err != nil {
 			return err
 		}
 		ckptDir = dir
 		if cfg.want("save") {
-			res.Rows = append(res.Rows, row)
+			res.Rows = append(res.Rows, rows...)
 		}
 		sds = nil
 		runtime.GC()
@@ -343,7 +343,7 @@ func runSpec(args []string) error {
 }
 
 // runDCP times ckptkit saving (into fresh directories under --dir) and
-// loading (default mode, then Direct) the synthetic model with one rank,
+// loading (default mode, then Transactional) the synthetic model with one rank,
 // the layout the PyTorch DCP side of bench/dcp_compare.sh uses, and prints
 // the timings as JSON.
 func runDCP(args []string) error {
@@ -396,16 +396,16 @@ func runDCP(args []string) error {
 	runtime.GC()
 	tg := targetState(specs, *world)
 	out := map[string]any{"tensors": len(specs), "bytes": specBytes(specs), "save": newStat(seconds(saves))}
-	// The default load (transactional), then a Direct one (one pass, like DCP).
-	for _, direct := range []bool{false, true} {
+	// The default load (one pass, as DCP's), then a Transactional one.
+	for _, tx := range []bool{false, true} {
 		name := "load"
-		if direct {
-			name = "load_direct"
+		if tx {
+			name = "load_transactional"
 		}
 		var loads []time.Duration
 		for i := 0; i < max(*runs, 1); i++ {
 			opts := defaultLoadOpts()
-			opts.Direct = direct
+			opts.Transactional = tx
 			var lr loadResult
 			pd := *prof
 			if i > 0 {

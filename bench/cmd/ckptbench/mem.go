@@ -105,7 +105,7 @@ func runMemPhase(args []string) error {
 	dir := fs.String("dir", "", "checkpoint directory (fresh for save)")
 	sizeS := fs.String("size", "1GiB", "data size")
 	world := fs.Int("world", 4, "ranks")
-	mode := fs.String("mode", "default", "load mode: default, staged or direct")
+	mode := fs.String("mode", "default", "load mode: default, transactional or staged (transactional, staging everything)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -129,10 +129,10 @@ func runMemPhase(args []string) error {
 		tg := targetState(specs, *world)
 		opts := loader.Options{}
 		switch *mode {
-		case "direct":
-			opts.Direct = true
+		case "transactional":
+			opts.Transactional = true
 		case "staged":
-			opts.StagingLimit = 2*size + 64*mib
+			opts.Transactional, opts.StagingLimit = true, 2*size+64*mib
 		}
 		run = func() error {
 			lr, err := loadOnce(ctx, *dir, tg, opts)
@@ -212,14 +212,14 @@ func benchMemory(ctx context.Context, cfg *config, ckptDir string) ([]Row, error
 		{"save 4 ranks", nil, []string{"-op", "save", "-size", sz}},
 		{"load 4->4 default", nil, []string{"-op", "load", "-mode", "default", "-size", sz, "-dir", ckptDir}},
 		{"load 4->4 staged", nil, []string{"-op", "load", "-mode", "staged", "-size", sz, "-dir", ckptDir}},
-		{"load 4->4 direct", nil, []string{"-op", "load", "-mode", "direct", "-size", sz, "-dir", ckptDir}},
+		{"load 4->4 transactional", nil, []string{"-op", "load", "-mode", "transactional", "-size", sz, "-dir", ckptDir}},
 	}
 	if cfg.memLimitVariant {
-		// The same direct load with a soft memory limit just above the
+		// The same transactional load with a soft memory limit just above the
 		// buffers: shows how much of the growth is GC pacing.
 		lim := fmt.Sprintf("GOMEMLIMIT=%dMiB", specBytes(modelSpec(cfg.size))/mib+256)
 		phases = append(phases,
-			phase{"load 4->4 direct, " + lim, []string{lim}, []string{"-op", "load", "-mode", "direct", "-size", sz, "-dir", ckptDir}},
+			phase{"load 4->4 transactional, " + lim, []string{lim}, []string{"-op", "load", "-mode", "transactional", "-size", sz, "-dir", ckptDir}},
 			phase{"load 4->4 default, " + lim, []string{lim}, []string{"-op", "load", "-mode", "default", "-size", sz, "-dir", ckptDir}})
 	}
 	var rows []Row

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/loader"
+)
+
+// dataDamaged tells whether a load failed on the stored bytes themselves (a
+// CRC32C mismatch, an invalid bool byte, a missing or truncated data
+// object): damage the metadata could not show, found while reading, so an
+// older checkpoint may still be good.
+func dataDamaged(err error) bool {
+	return errors.Is(err, loader.ErrChecksum) || errors.Is(err, loader.ErrInvalidBool) || errors.Is(err, loader.ErrMissingObject)
+}
+
+// loadWithFallback loads found with load (which builds fresh targets on
+// every call, since a failed one-pass load leaves them partly filled). When
+// the data of a checkpoint turns out damaged, it says so through logf and
+// tries the next older valid checkpoint of run, until one loads. It returns
+// the checkpoint loaded and its report.
+func loadWithFallback(ctx context.Context, run *backend.Store, found *catalog.Found, load func(*loader.Checkpoint) (*loader.Report, error), logf func(string, ...any)) (*loader.Checkpoint, *loader.Report, error) {
+	var entries []catalog.Entry
+	for {
+		c := found.Checkpoint
+		rep, err := load(c)
+		if err == nil {
+			return c, rep, nil
+		}
+		if !dataDamaged(err) {
+			return nil, nil, err
+		}
+		if entries == nil {
+			var lerr error
+			if entries, lerr = catalog.List(ctx, run); lerr != nil {
+				return nil, nil, fmt.Errorf("%w; listing %s for an older checkpoint: %w", err, run, lerr)
+			}
+		}
+		// Only the checkpoints older than the damaged one.
+		i := 0
+		for i < len(entries) && entries[i].Step < found.Step {
+			i++
+		}
+		entries = entries[:i]
+		older, skipped, lerr := catalog.LatestIn(ctx, run, entries, false)
+		for _, s := range skipped {
+			logf("skipping %s: %s", s.Entry.URL, s.Reason)
+		}
+		if lerr != nil {
+			return nil, nil, fmt.Errorf("%w; and no older checkpoint is valid: %w", err, lerr)
+		}
+		logf("checkpoint %s is damaged (%v); falling back to the next older valid checkpoint, %s", c.URL(), err, older.Checkpoint.URL())
+		found = older
+	}
+}

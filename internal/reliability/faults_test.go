@@ -1,0 +1,99 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/saver"
+)
+
+const slowDown = `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`
+
+// save -> verify --deep -> load cycles on the S3 server through a proxy
+// that faults 10% of requests (a reset, headers cut, a body cut after the
+// server acted, or 503 SlowDown, in equal parts) and stalls 2% for 2 s
+// (0.4% in the bounded run).
+// A cycle survives when it ends with the saved bytes loaded; it is lost
+// when it ends with wrong data, or with an error that is not classified.
+func TestSaveVerifyLoadUnderFaults(t *testing.T) {
+	n := size(100, 10)
+	ctx := context.Background()
+	run, p := ckpttest.ProxiedS3(t, backend.DefaultRetryPolicy)
+	breaks := []faultproxy.Break{faultproxy.Reset, faultproxy.BrokenHeaders, faultproxy.CutBody, faultproxy.NoBreak}
+	for _, b := range breaks {
+		p.Add(&faultproxy.Rule{Match: func(*http.Request) bool { return rand.IntN(40) == 0 }, Break: b,
+			Status: http.StatusServiceUnavailable, Body: slowDown})
+	}
+	stallOneIn := size(50, 250) // 2% in the full campaign; fewer in make test, for time
+	stall := p.Add(&faultproxy.Rule{Match: func(*http.Request) bool { return rand.IntN(stallOneIn) == 0 }, Fail: func(int) bool { return false }, Delay: 2 * time.Second})
+	ok, clear, lost := 0, 0, 0
+	var firstLoss string
+	for i := range n {
+		s := ckpttest.NewState(uint64(100+i), 8)
+		st, err := run.Sub(catalog.StepName(int64(i)))
+		require.NoError(t, err)
+		err = cycle(ctx, st, s)
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, errWrongData) || ckpterr.ClassOf(err) == ckpterr.Internal:
+			lost++
+			if firstLoss == "" {
+				firstLoss = err.Error()
+			}
+		default:
+			clear++
+			t.Logf("cycle %d: clear error (%s): %v", i, ckpterr.ClassOf(err), err)
+		}
+	}
+	p.Clear()
+	record(row{Class: "save/verify/load with 10% of S3 requests faulted", Tried: n, Survived: ok, Lost: lost,
+		Note: fmt.Sprintf("%d ended with a clear (classified) error, 0 allowed to end with wrong data; %d requests stalled 2 s", clear, p.Count(stall))})
+	require.Zero(t, lost, firstLoss)
+	require.GreaterOrEqual(t, float64(ok), 0.99*float64(n), "at least 99%% of cycles succeed")
+}
+
+var errWrongData = errors.New("loaded bytes differ from the saved ones")
+
+// cycle saves s at st (2 ranks), verifies it deeply, loads it back and
+// compares every key.
+func cycle(ctx context.Context, st *backend.Store, s *ckpttest.State) error {
+	if _, err := saver.SaveLocal(ctx, st, s.Shard(2), saver.Options{}); err != nil {
+		return fmt.Errorf("save: %w", err)
+	}
+	c, err := loader.Open(ctx, st)
+	if err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	rep, err := c.Verify(ctx, loader.VerifyOptions{Deep: true})
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	if !rep.Resumable {
+		return fmt.Errorf("%w: verify: %v", errWrongData, rep.Problems)
+	}
+	for k, want := range s.Tensors {
+		got, err := c.ReadTensor(ctx, k)
+		if err != nil {
+			return fmt.Errorf("load %s: %w", k, err)
+		}
+		if !bytes.Equal(got.Data, want.Data) {
+			return fmt.Errorf("%w: %s", errWrongData, k)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# fuzz.sh TIME - runs every fuzz target of the module for TIME each
+# (go test -fuzz ... -fuzztime TIME) and prints one markdown table row per
+# target. Exits non-zero on a finding (go test saves the input under the
+# package's testdata/fuzz). make test runs it for a few seconds per target,
+# make reliability (scripts/reliability.sh) for FUZZTIME.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+time=${1:-5s}
+# The targets: metadata decode+validate, the DCP unpickler, DCP torch.save
+# zip items, the plugin status frames.
+targets=(
+	"./metadata FuzzDecode"
+	"./interop/torchdcp FuzzUnpickle"
+	"./interop/torchdcp FuzzDecodeTensor"
+	"./plugins/internal/wire FuzzDetail"
+)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+echo "| fuzz target | time | result |"
+echo "| --- | --- | --- |"
+for t in "${targets[@]}"; do
+	read -r pkg name <<<"$t"
+	if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$time" "$pkg" >"$log" 2>&1; then
+		execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+		echo "| $pkg $name | $time | no finding (${execs:-?} execs) |"
+	else
+		status=1
+		echo "| $pkg $name | $time | FINDING (input saved under $pkg/testdata/fuzz) |"
+		tail -20 "$log" >&2
+	fi
+done
+exit "$status"
