@@ -4,8 +4,10 @@ STATICCHECK_VERSION ?= v0.8.2
 
 .PHONY: build python test test-short lint bench reliability proto servers-start servers-stop clean
 
+# The commit is stamped for `ckpt --version` also where Go's own VCS
+# stamping is off (GOFLAGS=-buildvcs=false).
 build:
-	$(GO) build -o bin/ckpt ./cmd/ckpt
+	$(GO) build -ldflags "-X main.commit=$$(git rev-parse HEAD 2>/dev/null)" -o bin/ckpt ./cmd/ckpt
 
 # libckptkit (the C ABI in capi/) built into the Python package, so that
 # PYTHONPATH=python (or pip install ./python) makes `import ckptkit` work.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path"
 	"strings"
 	"time"
@@ -147,6 +148,7 @@ func (s *Store) retryLoop(ctx context.Context, f func(ctx context.Context) error
 		if err == nil || !IsTransient(err) || ctx.Err() != nil || !b.take() {
 			return err
 		}
+		slog.DebugContext(ctx, "storage retry", "store", s.String(), "error", err)
 		if werr := bo.Wait(ctx); werr != nil {
 			return fmt.Errorf("%w (while retrying: %w)", werr, err)
 		}

@@ -106,7 +106,7 @@ func List(ctx context.Context, run *backend.Store) ([]Entry, error) {
 					continue
 				}
 				if err != nil {
-					return fmt.Errorf("list run %s: %w", run, err)
+					return err // a Store error names the operation and the URL
 				}
 				e.Committed, e.Format, e.ModTime = true, f.Name, a.ModTime
 				return nil
@@ -155,7 +155,7 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("list run %s: %w", run, err)
+			return nil, err // a Store error names the operation and the URL
 		}
 		e.Attempts = len(attempts)
 	}
@@ -177,7 +177,7 @@ func steps(ctx context.Context, run *backend.Store) ([]Entry, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list run %s: %w", run, err)
+		return nil, err // a Store error names the operation and the URL
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Step < out[j].Step })
 	return out, nil
@@ -209,11 +209,25 @@ type Found struct {
 // ErrNoCommittedCheckpoint and the skipped list says why each one was
 // refused.
 func Latest(ctx context.Context, run *backend.Store, deep bool) (*Found, []Skipped, error) {
+	return LatestWith(ctx, run, LatestOptions{Deep: deep})
+}
+
+// LatestOptions tune LatestWith.
+type LatestOptions struct {
+	// Deep verifies every byte of each candidate (every checksum).
+	Deep bool
+	// Progress, when set, is called during a deep verify with the
+	// candidate's URL and the bytes checked so far of its total.
+	Progress func(url string, done, total int64)
+}
+
+// LatestWith is Latest with options.
+func LatestWith(ctx context.Context, run *backend.Store, opts LatestOptions) (*Found, []Skipped, error) {
 	entries, err := steps(ctx, run)
 	if err != nil {
 		return nil, nil, err
 	}
-	return choose(ctx, run, entries, deep, false)
+	return choose(ctx, run, entries, opts, false)
 }
 
 // LatestIn is Latest over entries already listed by List or ListDetailed
@@ -221,13 +235,13 @@ func Latest(ctx context.Context, run *backend.Store, deep bool) (*Found, []Skipp
 // valid checkpoint without listing the run twice. Entries not Committed
 // are skipped without being opened.
 func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep bool) (*Found, []Skipped, error) {
-	return choose(ctx, run, entries, deep, true)
+	return choose(ctx, run, entries, LatestOptions{Deep: deep}, true)
 }
 
 // choose opens entries newest first and returns the first that verifies.
 // With known, an entry's Committed field is trusted; otherwise opening it
 // tells (a prefix without a metadata object is uncommitted).
-func choose(ctx context.Context, run *backend.Store, entries []Entry, deep, known bool) (*Found, []Skipped, error) {
+func choose(ctx context.Context, run *backend.Store, entries []Entry, opts LatestOptions, known bool) (*Found, []Skipped, error) {
 	var skipped []Skipped
 	const uncommitted = "uncommitted (no metadata object)"
 	for i := len(entries) - 1; i >= 0; i-- {
@@ -250,7 +264,12 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, deep, know
 			return nil, skipped, err
 		}
 		e.Committed, e.Format = true, c.FormatName()
-		rep, err := c.Verify(ctx, loader.VerifyOptions{Deep: deep})
+		vo := loader.VerifyOptions{Deep: opts.Deep}
+		if opts.Progress != nil {
+			url := e.URL
+			vo.Progress = func(done, total int64) { opts.Progress(url, done, total) }
+		}
+		rep, err := c.Verify(ctx, vo)
 		if err != nil {
 			return nil, skipped, err
 		}

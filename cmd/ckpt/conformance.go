@@ -19,13 +19,23 @@ import (
 
 // conformanceReport is the --json output of ckpt conformance.
 type conformanceReport struct {
+	header
 	// URL is the storage URL as given, redacted; Prefix the run's prefix
 	// below it.
-	URL     string              `json:"url"`
-	Prefix  string              `json:"prefix"`
-	Results conformance.Results `json:"results"`
+	URL     string            `json:"url"`
+	Prefix  string            `json:"prefix"`
+	Backend string            `json:"backend"`
+	Cases   []conformanceCase `json:"cases"`
+	Seconds float64           `json:"seconds"`
 	// Removed is how many objects the run left and then deleted.
 	Removed int `json:"removed"`
+}
+
+type conformanceCase struct {
+	Case    string  `json:"case"`
+	Status  string  `json:"status"`
+	Message string  `json:"message,omitempty"`
+	Seconds float64 `json:"seconds"`
 }
 
 func newConformanceCmd() *cobra.Command {
@@ -47,6 +57,9 @@ with multipart uploads, pass small parts in the URL (s3:
 ?part_size=5MiB&multipart_threshold=5MiB) so the large case crosses parts.
 Exit 0 when every case passes or is skipped, 1 when one fails, 2 on usage
 or access errors.`,
+		Example: `  ckpt conformance --short mem://conf
+  ckpt conformance "s3://bucket/scratch?endpoint=127.0.0.1:9000&insecure=true&path_style=true&part_size=5MiB&multipart_threshold=5MiB"
+  ckpt conformance --run 'large|list' --json gs://bucket/scratch`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var re *regexp.Regexp
@@ -62,7 +75,7 @@ or access errors.`,
 			if err != nil {
 				return err
 			}
-			st, err := backend.Open(ctx, args[0])
+			st, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -95,9 +108,11 @@ or access errors.`,
 			removed, cleanErr := purge(context.WithoutCancel(ctx), runRoot)
 			out := cmd.OutOrStdout()
 			if asJSON {
-				if err := writeJSON(out, conformanceReport{URL: backend.RedactURL(args[0]), Prefix: prefix, Results: res, Removed: removed}); err != nil {
-					return err
+				rep := &conformanceReport{URL: backend.RedactURL(args[0]), Prefix: prefix, Backend: res.Backend, Cases: []conformanceCase{}, Seconds: res.Duration.Seconds(), Removed: removed}
+				for _, c := range res.Cases {
+					rep.Cases = append(rep.Cases, conformanceCase{Case: c.Case, Status: string(c.Status), Message: c.Message, Seconds: c.Duration.Seconds()})
 				}
+				emit(cmd, rep)
 			} else {
 				fmt.Fprintf(out, "backend %s, run prefix %s/\n", backend.RedactURL(args[0]), prefix)
 				conformance.WriteTable(out, res)
@@ -112,7 +127,7 @@ or access errors.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	cmd.Flags().BoolVar(&short, "short", false, "smaller large object (8 MiB), fewer concurrent writers")
 	cmd.Flags().BoolVar(&large, "large", false, "write a 256 MiB large object (ignored with --short)")
 	cmd.Flags().StringVar(&match, "run", "", "run only the cases whose names match this regular expression")

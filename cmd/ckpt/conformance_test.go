@@ -65,9 +65,11 @@ func TestConformanceCommandOnMemoryJSON(t *testing.T) {
 	require.Equal(t, 0, code, "stderr: %s", errs)
 	var rep conformanceReport
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
-	assert.Equal(t, "mem", rep.Results.Backend)
-	assert.Len(t, rep.Results.Cases, len(conformance.Cases())+1)
-	assert.Empty(t, rep.Results.Failed())
+	assert.Equal(t, "mem", rep.Backend)
+	assert.Len(t, rep.Cases, len(conformance.Cases())+1)
+	for _, c := range rep.Cases {
+		assert.NotEqual(t, string(conformance.StatusFail), c.Status, "%s: %s", c.Case, c.Message)
+	}
 	assert.Regexp(t, `^ckptkit-conformance-[0-9a-f]{12}$`, rep.Prefix)
 	assert.Positive(t, rep.Removed)
 }

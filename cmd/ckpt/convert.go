@@ -3,35 +3,41 @@ package main
 import (
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/convert/native"
 	"github.com/ckptkit/ckptkit/convert/safetensors"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 )
 
+// convertOutput is the --json document of ckpt convert.
 type convertOutput struct {
-	From        string              `json:"from"`
-	To          string              `json:"to"`
-	Format      string              `json:"format"`
-	Safetensors *safetensors.Result `json:"safetensors,omitempty"`
-	Native      *nativeSummary      `json:"native,omitempty"`
-}
-
-type nativeSummary struct {
-	Tensors      int   `json:"tensors"`
-	Bytes        int   `json:"bytes_values"`
-	BytesWritten int64 `json:"bytes_written"`
-	Iteration    int64 `json:"iteration"`
+	header
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+	// Format is the output format: safetensors or ckptkit.
+	Format string `json:"format"`
+	// Tensors and Values count the tensors and byte values written; Bytes
+	// the data bytes written.
+	Tensors   int     `json:"tensors"`
+	Values    int     `json:"values"`
+	Bytes     int64   `json:"bytes"`
+	Seconds   float64 `json:"seconds"`
+	Iteration *int64  `json:"iteration,omitempty"`
+	// Files are the safetensors files written, Index the index file ("" when
+	// unsharded), Skipped the keys safetensors does not hold.
+	Files   []safetensors.OutFile `json:"files,omitempty"`
+	Index   string                `json:"index,omitempty"`
+	Skipped []string              `json:"skipped,omitempty"`
 }
 
 func newConvertCmd() *cobra.Command {
 	var (
 		to, shardSize, maxMemory string
-		modelOnly, asJSON        bool
+		modelOnly, asJSON, force bool
 	)
 	cmd := &cobra.Command{
 		Use:   "convert SRC DST --to safetensors|ckptkit",
@@ -55,7 +61,14 @@ conversion reads each tensor in row slabs costing at most a quarter of the
 cap (the slab plus the stored chunks it touches) and refuses, before writing
 anything, a tensor whose smallest slab costs more; native conversion refuses
 a checkpoint larger than the cap. Sizes are ` + bytesize.Rule + `
-(so the default --shard-size 5GB is 5*10^9 bytes, as in Hugging Face).`,
+(so the default --shard-size 5GB is 5*10^9 bytes, as in Hugging Face).
+
+Output already at DST (safetensors files, or a committed checkpoint) is
+refused (exit 6, conflict) unless --force. Progress (tensor bytes written
+/ total, rate, ETA) is shown on a terminal for safetensors.`,
+		Example: `  ckpt convert ./runs/demo/step-00000012 ./hf --to safetensors --model-only
+  ckpt convert --shard-size 2GB --max-memory 1GiB s3://bucket/run/step-00000100 ./hf --to safetensors
+  ckpt convert ./dcp-checkpoint ./native --to ckptkit --force`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -78,52 +91,59 @@ a checkpoint larger than the cap. Sizes are ` + bytesize.Rule + `
 				return err
 			}
 			defer src.Store().Close()
-			dst, err := backend.Open(ctx, args[1])
+			dst, err := openStore(ctx, args[1])
 			if err != nil {
 				return err
 			}
 			defer dst.Close()
-			out := convertOutput{From: src.URL(), To: dst.String(), Format: to}
-			stderr := cmd.ErrOrStderr()
+			out := &convertOutput{Source: src.URL(), Destination: dst.String(), Format: to}
+			start := time.Now()
 			if to == "safetensors" {
+				if names, err := safetensorsAt(ctx, dst); err != nil {
+					return err
+				} else if len(names) > 0 && !force {
+					return refuseReplace(dst.String(), "it holds safetensors output ("+strings.Join(names, ", ")+")")
+				}
 				opts := safetensors.Options{ShardSize: shard, ModelOnly: modelOnly, MaxMemory: capBytes}
-				if !asJSON {
-					last := time.Now()
-					opts.Progress = func(p safetensors.Progress) {
-						if p.Done == p.Total || time.Since(last) > 2*time.Second {
-							last = time.Now()
-							fmt.Fprintf(stderr, "%s: %d/%d tensors, %s of %s\n", p.File, p.Done, p.Total, humanBytes(p.Bytes), humanBytes(p.TotalBytes))
-						}
-					}
+				if p := newProgress(cmd, "convert"); p != nil {
+					opts.Progress = func(pr safetensors.Progress) { p.update(pr.Bytes, pr.TotalBytes) }
+					defer p.finish()
 				}
 				res, err := safetensors.Convert(ctx, src, dst, opts)
 				if err != nil {
 					return err
 				}
-				out.Safetensors = res
+				out.Tensors, out.Bytes, out.Files, out.Index, out.Skipped = res.Tensors, res.TotalSize, res.Files, res.Index, res.Skipped
 				if !asJSON {
 					for _, f := range res.Files {
-						fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (%d tensors, %s)\n", dst.URL(f.Name), f.Tensors, humanBytes(f.Size))
+						fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (%d tensors, %s)\n", safe(dst.URL(f.Name)), f.Tensors, humanBytes(f.Size))
 					}
 					if res.Index != "" {
-						fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", dst.URL(res.Index))
+						fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", safe(dst.URL(res.Index)))
 					}
 					if len(res.Skipped) > 0 {
 						fmt.Fprintf(cmd.OutOrStdout(), "skipped %d key(s) safetensors does not hold or --model-only excludes\n", len(res.Skipped))
 					}
 				}
 			} else {
-				res, err := native.Convert(ctx, src, dst, native.Options{ModelOnly: modelOnly, MaxMemory: capBytes})
+				if exists, err := committedAt(ctx, dst); err != nil {
+					return err
+				} else if exists && !force {
+					return refuseReplace(dst.String(), "it holds a committed checkpoint")
+				}
+				res, err := native.Convert(ctx, src, dst, native.Options{ModelOnly: modelOnly, MaxMemory: capBytes, Overwrite: force})
 				if err != nil {
 					return err
 				}
-				out.Native = &nativeSummary{Tensors: len(res.Metadata.Tensors), Bytes: len(res.Metadata.Bytes), BytesWritten: res.BytesWritten, Iteration: res.Metadata.Training.Iteration}
+				it := res.Metadata.Training.Iteration
+				out.Tensors, out.Values, out.Bytes, out.Iteration = len(res.Metadata.Tensors), len(res.Metadata.Bytes), res.BytesWritten, &it
 				if !asJSON {
-					fmt.Fprintf(cmd.OutOrStdout(), "saved %s (%d tensors, %d bytes values, %s, iteration %d)\n", res.URL, out.Native.Tensors, out.Native.Bytes, humanBytes(res.BytesWritten), out.Native.Iteration)
+					fmt.Fprintf(cmd.OutOrStdout(), "saved %s (%d tensors, %d bytes values, %s, iteration %d)\n", safe(res.URL), out.Tensors, out.Values, humanBytes(res.BytesWritten), it)
 				}
 			}
+			out.Seconds = time.Since(start).Seconds()
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), out)
+				emit(cmd, out)
 			}
 			return nil
 		},
@@ -133,7 +153,8 @@ a checkpoint larger than the cap. Sizes are ` + bytesize.Rule + `
 	f.StringVar(&shardSize, "shard-size", "5GB", "safetensors: maximum tensor bytes per file (0: one file); "+bytesize.Rule)
 	f.StringVar(&maxMemory, "max-memory", "0", "memory cap (0: none), e.g. 512MiB; "+bytesize.Rule)
 	f.BoolVar(&modelOnly, "model-only", false, `keep only model keys (safetensors: strip the "model." prefix)`)
-	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.BoolVar(&asJSON, "json", false, jsonHelp)
+	f.BoolVar(&force, forceFlag, false, "replace safetensors output or a committed checkpoint at DST")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd
 }

@@ -1,13 +1,25 @@
 package main
 
 import (
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/transfer"
 )
+
+// copyOutput is the --json document of ckpt copy.
+type copyOutput struct {
+	header
+	Source      string  `json:"source"`
+	Destination string  `json:"destination"`
+	Format      string  `json:"format"`
+	Objects     int     `json:"objects"`
+	Bytes       int64   `json:"bytes"`
+	Seconds     float64 `json:"seconds"`
+}
 
 func newCopyCmd() *cobra.Command {
 	var asJSON, force bool
@@ -16,40 +28,48 @@ func newCopyCmd() *cobra.Command {
 		Use:   "copy SRC DST",
 		Short: "Copy a committed checkpoint between any two URLs, data first and CRC-checked, metadata last",
 		Long: `Copies the committed checkpoint at SRC to DST (any two backends: fs -> s3,
-s3 -> gs, ...). Data objects are streamed in parallel and every chunk's CRC32C
-is checked on the way; the metadata object is written last, so an interrupted
-copy never leaves a committed-looking checkpoint. A committed DST is refused
-unless --force. A progress bar is shown on a terminal (not with --json).`,
+s3 -> gs, ...). Data objects are streamed --parallel at a time and every
+chunk's CRC32C is checked on the way; the metadata object is written last,
+so an interrupted copy never leaves a committed-looking checkpoint.
+A committed checkpoint at DST is refused (exit 6, conflict) unless --force.
+Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
+		Example: `  ckpt copy ./runs/demo/step-00000012 s3://bucket/runs/demo/step-00000012
+  ckpt copy --parallel 16 gs://a/run/step-00000100 s3://b/run/step-00000100
+  ckpt copy --force ./runs/demo/step-00000012 ./backup/step-00000012`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			src, err := backend.Open(ctx, args[0])
+			src, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
 			defer src.Close()
-			dst, err := backend.Open(ctx, args[1])
+			dst, err := openStore(ctx, args[1])
 			if err != nil {
 				return err
 			}
 			defer dst.Close()
 			opts := transfer.Options{Parallel: parallel, Force: force}
-			update, finish := progressBar("copy", asJSON)
-			opts.Progress = update
+			p := newProgress(cmd, "copy")
+			opts.Progress = p.callback()
 			res, err := transfer.Copy(ctx, src, dst, opts)
-			finish()
+			p.finish()
+			if errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) {
+				return orNoSuchPath(ctx, src, err)
+			}
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), res)
+				emit(cmd, &copyOutput{Source: res.Source, Destination: res.Destination, Format: res.Format, Objects: res.Objects, Bytes: res.Bytes, Seconds: res.Duration.Seconds()})
+				return nil
 			}
-			cmd.Printf("copied %s -> %s (%s, %d objects, %d bytes, %s)\n", res.Source, res.Destination, res.Format, res.Objects, res.Bytes, res.Duration.Round(time.Millisecond))
+			cmd.Printf("copied %s -> %s (%s, %d objects, %s, %s)\n", safe(res.Source), safe(res.Destination), safe(res.Format), res.Objects, humanBytes(res.Bytes), res.Duration.Round(time.Millisecond))
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.Flags().BoolVar(&force, "force", false, "replace a committed checkpoint at DST")
-	cmd.Flags().IntVar(&parallel, "parallel", 8, "objects copied at once")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
+	cmd.Flags().BoolVar(&force, forceFlag, false, "replace a committed checkpoint at DST")
+	addParallelFlag(cmd, &parallel, "objects copied at once")
 	return cmd
 }

@@ -9,6 +9,23 @@ import (
 	"github.com/ckptkit/ckptkit/ops/diff"
 )
 
+// diffOutput is the --json document of ckpt diff.
+type diffOutput struct {
+	header
+	A           diffSide          `json:"a"`
+	B           diffSide          `json:"b"`
+	Keys        int               `json:"keys"`
+	Compared    int               `json:"compared"`
+	Bytes       int64             `json:"bytes"`
+	Tolerance   *float64          `json:"tolerance,omitempty"`
+	Identical   bool              `json:"identical"`
+	Differences []diff.Difference `json:"differences"`
+}
+
+type diffSide struct {
+	URL string `json:"url"`
+}
+
 func newDiffCmd() *cobra.Command {
 	var (
 		asJSON    bool
@@ -27,7 +44,12 @@ float32/float64/float16/bfloat16 and all integer types decode to numbers,
 bool to 0/1, complex64 by the modulus of the difference; NaN equals NaN at
 the same position and differs infinitely from a number. Bytes values are
 always compared exactly. One tensor per side is in memory at a time.
-Exit 0 when identical, 1 when different, 2 on usage or access errors.`,
+Progress (keys compared / total, rate, ETA) is shown on a terminal.
+Exit 0 when identical, 1 when different, 3 when nothing is stored under A
+or B ("no such path"), 2 on usage errors, 4 on access errors.`,
+		Example: `  ckpt diff ./runs/a/step-00000012 ./runs/b/step-00000012
+  ckpt diff --tolerance 1e-6 ./runs/demo s3://bucket/runs/demo
+  ckpt diff --json ./dcp-checkpoint ./runs/demo/step-00000012`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -42,14 +64,18 @@ Exit 0 when identical, 1 when different, 2 on usage or access errors.`,
 			}
 			defer b.Store().Close()
 			opts := diff.Options{UseTolerance: cmd.Flags().Changed("tolerance"), Tolerance: tolerance}
+			p := newItemProgress(cmd, "diff", "keys")
+			if p != nil {
+				opts.Progress = func(done, total int, _ string) { p.update(int64(done), int64(total)) }
+			}
 			rep, err := diff.Compare(ctx, a, b, opts)
+			p.finish()
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
-					return err
-				}
+				emit(cmd, &diffOutput{A: diffSide{rep.A}, B: diffSide{rep.B}, Keys: rep.Keys, Compared: rep.Compared, Bytes: rep.BytesCompared,
+					Tolerance: rep.Tolerance, Identical: rep.Identical, Differences: rep.Differences})
 			} else {
 				printDiff(cmd.OutOrStdout(), rep)
 			}
@@ -60,13 +86,14 @@ Exit 0 when identical, 1 when different, 2 on usage or access errors.`,
 		},
 	}
 	cmd.Flags().Float64Var(&tolerance, "tolerance", 0, "compare tensors numerically: differ when max |a-b| exceeds X")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	return cmd
 }
 
 func printDiff(w io.Writer, r *diff.Report) {
-	fmt.Fprintf(w, "a %s\nb %s\n", r.A, r.B)
+	fmt.Fprintf(w, "a %s\nb %s\n", safe(r.A), safe(r.B))
 	for _, d := range r.Differences {
+		d.Key, d.A, d.B = safe(d.Key), safe(d.A), safe(d.B)
 		switch d.Kind {
 		case diff.KindMissing:
 			fmt.Fprintf(w, "- %s: only in a (%s)\n", d.Key, d.A)

@@ -95,15 +95,7 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(plugDir, "ckptkit-plugins.lock"), []byte(strings.Repeat("0", 64)+"  fakeplugin\n"), 0o644))
 
 	// transient: an S3 endpoint that answers every request with 503 SlowDown.
-	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "0")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`))
-	}))
-	defer slow.Close()
-	t.Setenv("AWS_ACCESS_KEY_ID", "test")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "testtesttest")
-	slowURL := "s3://bucket/run?endpoint=" + strings.TrimPrefix(slow.URL, "http://") + "&insecure=true&region=us-east-1"
+	slowURL := slowDownS3(t)
 
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -136,9 +128,39 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 			}
 			var out, errb strings.Builder
 			code := run(ctx, c.args, &out, &errb)
-			_ = out
 			require.Equal(t, doc[c.class.String()], code, "ckpt %v: %s", c.args, errb.String())
 			require.Contains(t, errb.String(), c.want)
+
+			// With --json, the same error is one document on stdout:
+			// {"error": {"class", "message", "url"}}, valid against the
+			// schema of docs/CLI.md.
+			out.Reset()
+			errb.Reset()
+			args := withJSON(c.args)
+			code = run(ctx, args, &out, &errb)
+			require.Equal(t, doc[c.class.String()], code, "ckpt %v: %s", args, errb.String())
+			d := validDocument(t, out.String())
+			require.NotNil(t, d.Error, "ckpt %v: %s", args, out.String())
+			require.Equal(t, c.class.String(), d.Error.Class)
+			require.Contains(t, d.Error.Message, c.want)
+			if c.class != ckpterr.Usage && c.class != ckpterr.Access {
+				require.NotEmpty(t, d.Error.URL, "the error names its URL: %s", out.String())
+			}
 		})
 	}
+}
+
+// slowDownS3 starts an S3 endpoint that answers every request with 503
+// SlowDown and returns the URL of a run on it (with test credentials set).
+func slowDownS3(t *testing.T) string {
+	t.Helper()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`))
+	}))
+	t.Cleanup(slow.Close)
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "testtesttest")
+	return "s3://bucket/run?endpoint=" + strings.TrimPrefix(slow.URL, "http://") + "&insecure=true&region=us-east-1"
 }

@@ -3,29 +3,112 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ops/gc"
 )
 
+// gcOutput is the --json document of ckpt gc.
 type gcOutput struct {
-	DryRun bool       `json:"dry_run"`
-	Plan   *gc.Plan   `json:"plan"`
-	Result *gc.Result `json:"result,omitempty"`
+	header
+	URL         string       `json:"url"`
+	DryRun      bool         `json:"dry_run"`
+	NewestValid string       `json:"newest_valid"`
+	Decisions   []gcDecision `json:"decisions"`
+	// Deletions and Bytes total the checkpoints the plan deletes.
+	Deletions int   `json:"deletions"`
+	Bytes     int64 `json:"bytes"`
+	// Orphans are data objects of kept checkpoints their metadata does not
+	// name (older than --grace), OrphanBytes their total; Uploads the
+	// incomplete multipart uploads older than --grace.
+	Orphans     []gcOrphan `json:"orphans"`
+	OrphanBytes int64      `json:"orphan_bytes"`
+	Uploads     []gcUpload `json:"uploads"`
+	// Result is what the deletion did (absent with --dry-run).
+	Result *gcResult `json:"result,omitempty"`
+}
+
+type gcDecision struct {
+	Checkpoint checkpointJSON `json:"checkpoint"`
+	Delete     bool           `json:"delete"`
+	Reason     string         `json:"reason"`
+}
+
+type gcResult struct {
+	Deleted        []gc.Deleted `json:"deleted"`
+	Skipped        []gcDecision `json:"skipped"`
+	Objects        int          `json:"objects"`
+	Bytes          int64        `json:"bytes"`
+	Orphans        int          `json:"orphans"`
+	OrphanBytes    int64        `json:"orphan_bytes"`
+	UploadsAborted int          `json:"uploads_aborted"`
+}
+
+type gcOrphan struct {
+	Checkpoint string     `json:"checkpoint"`
+	Key        string     `json:"key"`
+	Bytes      int64      `json:"bytes"`
+	Modified   *time.Time `json:"modified,omitempty"`
+}
+
+type gcUpload struct {
+	Key       string     `json:"key"`
+	ID        string     `json:"id"`
+	Initiated *time.Time `json:"initiated,omitempty"`
+	Bytes     int64      `json:"bytes"`
+}
+
+// orZero is t in UTC, nil when t is zero (unknown).
+func orZero(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// gcPlanJSON is the document of a plan (Result is added after Execute).
+func gcPlanJSON(plan *gc.Plan, dryRun bool) *gcOutput {
+	out := &gcOutput{URL: plan.Run, DryRun: dryRun, NewestValid: plan.NewestValid, Decisions: gcDecisions(plan.Decisions),
+		Deletions: plan.Deletions, Bytes: plan.DeleteBytes, Orphans: []gcOrphan{}, OrphanBytes: plan.OrphanBytes, Uploads: []gcUpload{}}
+	for _, o := range plan.Orphans {
+		out.Orphans = append(out.Orphans, gcOrphan{Checkpoint: o.Checkpoint, Key: o.Key, Bytes: o.Bytes, Modified: orZero(o.ModTime)})
+	}
+	for _, u := range plan.Uploads {
+		out.Uploads = append(out.Uploads, gcUpload{Key: u.Key, ID: u.ID, Initiated: orZero(u.Initiated), Bytes: u.Size})
+	}
+	return out
+}
+
+func gcDecisions(ds []gc.Decision) []gcDecision {
+	out := make([]gcDecision, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, gcDecision{Checkpoint: entryJSON(d.Entry), Delete: d.Delete, Reason: d.Reason})
+	}
+	return out
+}
+
+func gcResultJSON(r *gc.Result) *gcResult {
+	if r == nil {
+		return nil
+	}
+	out := &gcResult{Deleted: r.Deleted, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed,
+		Orphans: r.OrphansDeleted, OrphanBytes: r.OrphanBytesFreed, UploadsAborted: r.UploadsAborted}
+	if out.Deleted == nil {
+		out.Deleted = []gc.Deleted{}
+	}
+	return out
 }
 
 func newGCCmd() *cobra.Command {
 	var (
-		asJSON, dryRun, deep  bool
-		keepLast, concurrency int
-		keepEvery             int64
-		olderThan, grace      string
+		asJSON, dryRun, deep bool
+		keepLast, parallel   int
+		keepEvery            int64
+		olderThan, grace     string
 	)
 	cmd := &cobra.Command{
 		Use:   "gc RUN_URL --keep-last N",
@@ -51,7 +134,12 @@ are listed and aborted.
 Each deletion removes the metadata object first, so an interrupted gc never
 leaves a committed-looking checkpoint with missing data, then the data
 objects in parallel. A prefix that changed since planning is left alone.
-Durations accept Go syntax (90m, 36h) and days (7d).`,
+Durations accept Go syntax (90m, 36h) and days (7d).
+
+Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
+		Example: `  ckpt gc ./runs/demo --keep-last 3 --dry-run
+  ckpt gc s3://bucket/runs/demo --keep-last 5 --keep-every 1000 --older-than 7d
+  ckpt gc gs://bucket/run --keep-last 2 --deep --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -63,7 +151,7 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 			if p.Grace, err = parseDuration(grace); err != nil {
 				return usage(fmt.Errorf("--grace: %w", err))
 			}
-			run, err := backend.Open(ctx, args[0])
+			run, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -73,32 +161,42 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 			if err != nil {
 				return err
 			}
-			out := gcOutput{DryRun: dryRun, Plan: plan}
+			if len(plan.Decisions) == 0 {
+				if err := orNoSuchPath(ctx, run, nil); err != nil {
+					return err
+				}
+			}
+			out := gcPlanJSON(plan, dryRun)
 			if !asJSON {
 				printGCPlan(cmd.OutOrStdout(), plan, now, dryRun)
 			}
 			if !dryRun && (plan.Deletions > 0 || len(plan.Orphans) > 0 || len(plan.Uploads) > 0) {
-				opts := gc.Options{Concurrency: concurrency}
-				if !asJSON {
-					opts.Progress = func(pr gc.Progress) {
-						if pr.Skipped != "" {
-							fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] kept %s: %s\n", pr.Done, pr.Total, pr.Checkpoint, pr.Skipped)
-							return
-						}
-						fmt.Fprintf(cmd.ErrOrStderr(), "[%d/%d] deleted %s (%d objects, %s)\n", pr.Done, pr.Total, pr.Checkpoint, pr.Objects, humanBytes(pr.Bytes))
+				opts := gc.Options{Concurrency: parallel}
+				p := newItemProgress(cmd, "gc", "checkpoints")
+				in := inv(cmd)
+				opts.Progress = func(pr gc.Progress) {
+					defer p.update(int64(pr.Done), int64(pr.Total))
+					if asJSON {
+						return
 					}
+					if pr.Skipped != "" {
+						in.notef("[%d/%d] kept %s: %s", pr.Done, pr.Total, safe(pr.Checkpoint), safe(pr.Skipped))
+						return
+					}
+					in.notef("[%d/%d] deleted %s (%d objects, %s)", pr.Done, pr.Total, safe(pr.Checkpoint), pr.Objects, humanBytes(pr.Bytes))
 				}
 				res, err := gc.Execute(ctx, run, plan.Decisions, opts)
-				out.Result = res
+				p.finish()
 				if err == nil && len(plan.Orphans) > 0 {
 					res.OrphansDeleted, res.OrphanBytesFreed, err = gc.DeleteOrphans(ctx, run, plan.Orphans, opts)
 				}
 				if err == nil && len(plan.Uploads) > 0 {
 					res.UploadsAborted, err = gc.AbortUploads(ctx, run, plan.Uploads)
 				}
+				out.Result = gcResultJSON(res)
 				if err != nil {
 					if asJSON {
-						_ = writeJSON(cmd.OutOrStdout(), out)
+						emit(cmd, out)
 					}
 					return err
 				}
@@ -113,7 +211,7 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 				}
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), out)
+				emit(cmd, out)
 			}
 			return nil
 		},
@@ -125,8 +223,11 @@ Durations accept Go syntax (90m, 36h) and days (7d).`,
 	f.StringVar(&grace, "grace", "1h", "protect uncommitted and newer-than-valid prefixes younger than D")
 	f.BoolVar(&dryRun, "dry-run", false, "print the plan, delete nothing")
 	f.BoolVar(&deep, "deep", false, "verify the newest valid checkpoint deeply (every checksum)")
-	f.IntVar(&concurrency, "concurrency", 8, "parallel object deletions")
-	f.BoolVar(&asJSON, "json", false, "print JSON")
+	addParallelFlag(cmd, &parallel, "objects deleted at once")
+	// --concurrency is the old name of --parallel.
+	f.IntVar(&parallel, "concurrency", 8, "")
+	_ = f.MarkDeprecated("concurrency", "use --parallel")
+	f.BoolVar(&asJSON, "json", false, jsonHelp)
 	_ = cmd.MarkFlagRequired("keep-last")
 	return cmd
 }
@@ -136,7 +237,7 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 	if valid == "" {
 		valid = "none"
 	}
-	fmt.Fprintf(w, "run %s: newest valid checkpoint %s\n", plan.Run, valid)
+	fmt.Fprintf(w, "run %s: newest valid checkpoint %s\n", safe(plan.Run), safe(valid))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACTION\tSTEP\tSTATE\tSIZE\tAGE\tREASON")
 	for _, d := range plan.Decisions {
@@ -148,7 +249,7 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		if !d.Entry.Committed {
 			state = "uncommitted"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", action, d.Entry.Step, state, humanBytes(d.Entry.Bytes), humanAge(d.Entry.Age(now)), d.Reason)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", action, d.Entry.Step, state, humanBytes(d.Entry.Bytes), humanAge(d.Entry.Age(now)), safe(d.Reason))
 	}
 	tw.Flush()
 	verb := "will delete"
@@ -157,13 +258,13 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 	}
 	fmt.Fprintf(w, "%s %d checkpoint(s), %s\n", verb, plan.Deletions, humanBytes(plan.DeleteBytes))
 	for _, o := range plan.Orphans {
-		fmt.Fprintf(w, "orphan %s (%s): not named by its checkpoint's metadata\n", o.Key, humanBytes(o.Bytes))
+		fmt.Fprintf(w, "orphan %s (%s): not named by its checkpoint's metadata\n", safe(o.Key), humanBytes(o.Bytes))
 	}
 	if len(plan.Orphans) > 0 {
 		fmt.Fprintf(w, "%s %d orphan data object(s) of losing or replaced save attempts, %s\n", verb, len(plan.Orphans), humanBytes(plan.OrphanBytes))
 	}
 	for _, u := range plan.Uploads {
-		fmt.Fprintf(w, "upload %s (%s of parts, started %s ago): incomplete\n", u.Key, humanBytes(u.Size), humanAge(now.Sub(u.Initiated)))
+		fmt.Fprintf(w, "upload %s (%s of parts, started %s ago): incomplete\n", safe(u.Key), humanBytes(u.Size), humanAge(now.Sub(u.Initiated)))
 	}
 	if len(plan.Uploads) > 0 {
 		abort := "will abort"
@@ -172,17 +273,4 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		}
 		fmt.Fprintf(w, "%s %d incomplete upload(s) older than the grace period\n", abort, len(plan.Uploads))
 	}
-}
-
-// parseDuration accepts Go durations plus a whole number of days ("7d").
-func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	if d, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.ParseInt(d, 10, 64)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("invalid duration %q", s)
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	return time.ParseDuration(s)
 }

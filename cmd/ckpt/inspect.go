@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
@@ -22,7 +21,7 @@ import (
 // prefix, its newest committed valid checkpoint. resolved is the run URL in
 // the second case.
 func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, resolvedFrom string, err error) {
-	st, err := backend.Open(ctx, rawURL)
+	st, err := openStore(ctx, rawURL)
 	if err != nil {
 		return nil, "", err
 	}
@@ -36,7 +35,7 @@ func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, r
 	found, _, lerr := catalog.Latest(ctx, st, false)
 	if lerr != nil {
 		if errors.Is(lerr, catalog.ErrNoCommittedCheckpoint) {
-			return nil, "", bad(err)
+			return nil, "", orNoSuchPath(ctx, st, bad(err))
 		}
 		return nil, "", lerr
 	}
@@ -53,6 +52,24 @@ type inspectChunk struct {
 	Encoding string  `json:"encoding,omitempty"`
 }
 
+// crcHex is the one representation of a CRC32C in output: 8 lowercase hex
+// digits.
+func crcHex(c uint32) string { return fmt.Sprintf("%08x", c) }
+
+type inspectBytes struct {
+	Key      string `json:"key"`
+	Object   string `json:"object"`
+	Offset   int64  `json:"offset"`
+	Length   int64  `json:"length"`
+	CRC32C   string `json:"crc32c,omitempty"`
+	Encoding string `json:"encoding,omitempty"`
+}
+
+type inspectObject struct {
+	Key   string `json:"key"`
+	Bytes int64  `json:"bytes"`
+}
+
 type inspectTensor struct {
 	Key    string         `json:"key"`
 	DType  string         `json:"dtype"`
@@ -62,7 +79,9 @@ type inspectTensor struct {
 	Chunks []inspectChunk `json:"chunks"`
 }
 
+// inspectOutput is the --json document of ckpt inspect.
 type inspectOutput struct {
+	header
 	URL           string                 `json:"url"`
 	ResolvedFrom  string                 `json:"resolved_from,omitempty"`
 	Format        string                 `json:"format"`
@@ -74,9 +93,9 @@ type inspectOutput struct {
 	MetadataBytes int                    `json:"metadata_bytes"`
 	Training      metadata.TrainingState `json:"training"`
 	Tensors       []inspectTensor        `json:"tensors"`
-	Bytes         []metadata.BytesEntry  `json:"bytes"`
-	Objects       []metadata.ObjectEntry `json:"objects"`
-	TotalBytes    int64                  `json:"total_bytes"`
+	Values        []inspectBytes         `json:"values"`
+	Objects       []inspectObject        `json:"objects"`
+	Bytes         int64                  `json:"bytes"`
 }
 
 func newInspectCmd() *cobra.Command {
@@ -84,36 +103,73 @@ func newInspectCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect URL",
 		Short: "List a checkpoint (or a run's newest committed checkpoint) key by key",
-		Args:  cobra.ExactArgs(1),
+		Long: `Lists the checkpoint at URL (ckptkit's format or a PyTorch DCP checkpoint;
+a run URL stands for its newest valid checkpoint) key by key: dtype,
+global shape, chunks and the objects holding them, byte values (scheduler,
+RNG state), the data objects and the training state (iteration, optimizer,
+scheduler). --hash adds each tensor's SHA-256 over its row-major
+little-endian bytes, reading every byte (with progress on a terminal).
+Exit 3 when nothing is stored under URL ("no such path"), 1 when what is
+there is not a readable checkpoint.`,
+		Example: `  ckpt inspect ./runs/demo/step-00000012
+  ckpt inspect ./runs/demo            # the newest valid checkpoint of the run
+  ckpt inspect --hash --json s3://bucket/runs/demo/step-00000012`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			c, from, err := openCheckpoint(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			out, err := describe(ctx, c, from, hash)
+			var p *progress
+			if hash {
+				p = newProgress(cmd, "inspect")
+			}
+			out, err := describe(ctx, c, from, hash, p.callback())
+			p.finish()
 			if err != nil {
 				return bad(err)
 			}
 			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), out)
+				emit(cmd, out)
+				return nil
 			}
 			printInspect(cmd.OutOrStdout(), out)
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	cmd.Flags().BoolVar(&hash, "hash", false, "add each tensor's SHA-256 over its row-major little-endian bytes (reads every byte)")
 	return cmd
 }
 
-func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool) (*inspectOutput, error) {
+// describe lists c; with hash it reads every tensor, calling progress
+// (when not nil) with the tensor bytes hashed so far.
+func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
 	md := c.Metadata()
 	out := &inspectOutput{URL: c.URL(), ResolvedFrom: from, Format: c.FormatName(), Version: md.Version, Writer: md.Writer,
 		CreatedAt: md.CreatedAt, WorldSize: md.WorldSize, MetadataKey: c.MetadataKey(), MetadataBytes: c.MetadataSize(),
-		Training: md.Training, Bytes: md.Bytes, Objects: md.Objects, Tensors: []inspectTensor{}}
+		Training: md.Training, Values: []inspectBytes{}, Objects: []inspectObject{}, Tensors: []inspectTensor{}}
 	for _, o := range md.Objects {
-		out.TotalBytes += o.Size
+		out.Bytes += o.Size
+		out.Objects = append(out.Objects, inspectObject{Key: o.Key, Bytes: o.Size})
+	}
+	for _, b := range md.Bytes {
+		ib := inspectBytes{Key: b.Key, Object: b.Object, Offset: b.Offset, Length: b.Length, Encoding: b.Encoding}
+		if b.Encoding == metadata.EncodingRaw {
+			ib.CRC32C = crcHex(b.CRC32C)
+		}
+		out.Values = append(out.Values, ib)
+	}
+	var hashTotal, hashed int64
+	if hash {
+		for _, te := range md.Tensors {
+			n := metadata.ElementSize(te.DType)
+			for _, d := range te.Shape {
+				n *= d
+			}
+			hashTotal += n
+		}
 	}
 	for _, te := range md.Tensors {
 		it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Chunks: []inspectChunk{}}
@@ -125,7 +181,7 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool)
 		for _, ch := range te.Chunks {
 			ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
 			if ch.Encoding == metadata.EncodingRaw {
-				ic.CRC32C = fmt.Sprintf("%08x", ch.CRC32C)
+				ic.CRC32C = crcHex(ch.CRC32C)
 			}
 			it.Chunks = append(it.Chunks, ic)
 		}
@@ -136,6 +192,10 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool)
 				return nil, err
 			}
 			it.SHA256 = hex.EncodeToString(h.Sum(nil))
+			hashed += it.Bytes
+			if progress != nil {
+				progress(hashed, hashTotal)
+			}
 		}
 		out.Tensors = append(out.Tensors, it)
 	}
@@ -144,18 +204,18 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool)
 
 func printInspect(w io.Writer, o *inspectOutput) {
 	if o.ResolvedFrom != "" {
-		fmt.Fprintf(w, "run %s: newest committed checkpoint is %s\n", o.ResolvedFrom, o.URL)
+		fmt.Fprintf(w, "run %s: newest committed checkpoint is %s\n", safe(o.ResolvedFrom), safe(o.URL))
 	}
-	fmt.Fprintf(w, "checkpoint %s\n", o.URL)
-	fmt.Fprintf(w, "format %s %s, written by %s", o.Format, o.Version, o.Writer)
+	fmt.Fprintf(w, "checkpoint %s\n", safe(o.URL))
+	fmt.Fprintf(w, "format %s %s, written by %s", safe(o.Format), safe(o.Version), safe(o.Writer))
 	if !o.CreatedAt.IsZero() {
 		fmt.Fprintf(w, " at %s", o.CreatedAt.Format(time.RFC3339))
 	}
 	fmt.Fprintf(w, ", world size %d\n", o.WorldSize)
 	tr := o.Training
 	fmt.Fprintf(w, "training: iteration %d, optimizer %s (prefix %q, slots %v, %d state entries), scheduler prefix %q\n",
-		tr.Iteration, tr.Optimizer, tr.OptimizerPrefix, tr.OptimizerSlots, tr.OptimizerStateEntries, tr.SchedulerPrefix)
-	fmt.Fprintf(w, "%d tensors, %d byte values, %d objects, %d data bytes, metadata %s (%d bytes)\n\n", len(o.Tensors), len(o.Bytes), len(o.Objects), o.TotalBytes, o.MetadataKey, o.MetadataBytes)
+		tr.Iteration, safe(tr.Optimizer), tr.OptimizerPrefix, safeAll(tr.OptimizerSlots), tr.OptimizerStateEntries, tr.SchedulerPrefix)
+	fmt.Fprintf(w, "%d tensors, %d byte values, %d objects, %d data bytes, metadata %s (%d bytes)\n\n", len(o.Tensors), len(o.Values), len(o.Objects), o.Bytes, safe(o.MetadataKey), o.MetadataBytes)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tDTYPE\tSHAPE\tCHUNKS\tOBJECTS\tBYTES\tSHA256")
 	for _, t := range o.Tensors {
@@ -163,14 +223,14 @@ func printInspect(w io.Writer, o *inspectOutput) {
 		for _, c := range t.Chunks {
 			objs[c.Object] = true
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%s\n", t.Key, t.DType, t.Shape, len(t.Chunks), len(objs), t.Bytes, t.SHA256)
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%s\n", safe(t.Key), safe(t.DType), t.Shape, len(t.Chunks), len(objs), t.Bytes, t.SHA256)
 	}
-	for _, b := range o.Bytes {
-		fmt.Fprintf(tw, "%s\tbytes\t-\t1\t1\t%d\t\n", b.Key, b.Length)
+	for _, b := range o.Values {
+		fmt.Fprintf(tw, "%s\tbytes\t-\t1\t1\t%d\t\n", safe(b.Key), b.Length)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nOBJECTS")
 	for _, ob := range o.Objects {
-		fmt.Fprintf(w, "  %s  %d bytes\n", ob.Key, ob.Size)
+		fmt.Fprintf(w, "  %s  %d bytes\n", safe(ob.Key), ob.Bytes)
 	}
 }

@@ -6,23 +6,32 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
+
+// latestOutput is the --json document of ckpt latest.
+type latestOutput struct {
+	header
+	// URL is the run's URL; Checkpoint the one found (absent when none).
+	URL        string          `json:"url"`
+	Deep       bool            `json:"deep"`
+	Checkpoint *latestFound    `json:"checkpoint,omitempty"`
+	Skipped    []latestSkipped `json:"skipped"`
+}
+
+type latestFound struct {
+	Name   string `json:"name"`
+	Step   int64  `json:"step"`
+	URL    string `json:"url"`
+	Format string `json:"format"`
+}
 
 type latestSkipped struct {
 	Name   string `json:"name"`
 	Step   int64  `json:"step"`
+	URL    string `json:"url"`
 	Reason string `json:"reason"`
-}
-
-type latestOutput struct {
-	URL     string          `json:"url"`
-	Name    string          `json:"name"`
-	Step    int64           `json:"step"`
-	Format  string          `json:"format"`
-	Deep    bool            `json:"deep"`
-	Skipped []latestSkipped `json:"skipped"`
 }
 
 func newLatestCmd() *cobra.Command {
@@ -32,47 +41,71 @@ func newLatestCmd() *cobra.Command {
 		Short: "Print the newest committed checkpoint under a run that passes verify",
 		Long: `Walks the run's step-NNNNNNNN checkpoints newest first and prints the first
 that is committed and passes verify (with --deep, reading every byte and
-checking every checksum): its URL and step. Newer checkpoints passed over
+checking every checksum, with progress on a terminal): its URL and step. Newer checkpoints passed over
 are listed with the reason (on stderr, or in the JSON).
-Exit 0 when one is found, 1 when none is, 2 on usage or access errors.`,
+Exit 0 when one is found; 1 when committed checkpoints exist but none
+passes verify; 3 when nothing is stored under RUN_URL ("no such path") or
+no checkpoint under it is committed.`,
+		Example: `  ckpt latest ./runs/demo
+  ckpt latest --deep s3://bucket/runs/demo --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			run, err := backend.Open(ctx, args[0])
+			run, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
 			defer run.Close()
-			e, skipped, err := catalog.Latest(ctx, run, deep)
-			out := latestOutput{Deep: deep, Skipped: []latestSkipped{}}
+			opts := catalog.LatestOptions{Deep: deep}
+			var p *progress
+			if deep {
+				p = newProgress(cmd, "latest")
+				if p != nil {
+					// One bar per candidate: a skipped one starts it over.
+					opts.Progress = func(_ string, done, total int64) { p.update(done, total) }
+				}
+			}
+			found, skipped, err := catalog.LatestWith(ctx, run, opts)
+			p.finish()
+			out := &latestOutput{URL: run.String(), Deep: deep, Skipped: []latestSkipped{}}
+			committed := false
 			for _, s := range skipped {
-				out.Skipped = append(out.Skipped, latestSkipped{Name: s.Entry.Name, Step: s.Entry.Step, Reason: s.Reason})
+				out.Skipped = append(out.Skipped, latestSkipped{Name: s.Entry.Name, Step: s.Entry.Step, URL: s.Entry.URL, Reason: s.Reason})
+				committed = committed || s.Entry.Committed
 			}
 			if err != nil && !errors.Is(err, catalog.ErrNoCommittedCheckpoint) {
 				return err
 			}
-			if e != nil {
-				out.URL, out.Name, out.Step, out.Format = e.URL, e.Name, e.Step, e.Format
+			if err != nil && len(skipped) == 0 {
+				if perr := orNoSuchPath(ctx, run, nil); perr != nil {
+					return perr
+				}
+			}
+			if found != nil {
+				e := found.Entry
+				out.Checkpoint = &latestFound{Name: e.Name, Step: e.Step, URL: e.URL, Format: e.Format}
 			}
 			if asJSON {
-				if werr := writeJSON(cmd.OutOrStdout(), out); werr != nil {
-					return werr
-				}
+				emit(cmd, out)
 			} else {
 				for _, s := range out.Skipped {
-					fmt.Fprintf(cmd.ErrOrStderr(), "skipped %s: %s\n", s.Name, s.Reason)
+					inv(cmd).notef("skipped %s: %s", safe(s.Name), safe(s.Reason))
 				}
-				if e != nil {
-					fmt.Fprintf(cmd.OutOrStdout(), "%s\tstep %d\n", out.URL, out.Step)
+				if c := out.Checkpoint; c != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s\tstep %d\n", safe(c.URL), c.Step)
 				}
 			}
 			if err != nil {
-				return bad(err)
+				if committed {
+					// Committed checkpoints exist, and none is valid.
+					return ckpterr.WithClass(fmt.Errorf("%w (every committed checkpoint failed verification)", err), ckpterr.BadCheckpoint)
+				}
+				return err
 			}
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	cmd.Flags().BoolVar(&deep, "deep", false, "verify every byte of the candidate (checksums)")
 	return cmd
 }

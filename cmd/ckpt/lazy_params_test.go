@@ -50,7 +50,7 @@ func TestVerifyLazyParamsAreParameters(t *testing.T) {
 
 			code, out, errs := ckpt(t, "verify", "--json", dir)
 			require.Equal(t, 0, code, "stderr: %s", errs)
-			var rep loader.VerifyReport
+			var rep verifyOutput
 			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 			assert.Equal(t, exp.Verdict.Resumable, rep.Resumable)
 			assert.Equal(t, exp.Verdict.Iteration, rep.Iteration)

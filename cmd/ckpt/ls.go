@@ -3,21 +3,44 @@ package main
 import (
 	"fmt"
 	"io"
-	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 )
 
-type lsEntry struct {
-	catalog.Entry
-	// AgeSeconds is -1 when the backend gave no modification time.
-	AgeSeconds float64 `json:"age_seconds"`
+// checkpointJSON is a checkpoint of a run in --json output (ls, gc).
+type checkpointJSON struct {
+	Name      string `json:"name"`
+	Step      int64  `json:"step"`
+	URL       string `json:"url"`
+	Committed bool   `json:"committed"`
+	Format    string `json:"format"`
+	Objects   int    `json:"objects"`
+	Bytes     int64  `json:"bytes"`
+	// Modified is the time of the newest object (absent when the backend
+	// gives none).
+	Modified       *time.Time `json:"modified,omitempty"`
+	ForeignObjects int        `json:"foreign_objects"`
+}
+
+func entryJSON(e catalog.Entry) checkpointJSON {
+	c := checkpointJSON{Name: e.Name, Step: e.Step, URL: e.URL, Committed: e.Committed, Format: e.Format, Objects: e.Objects, Bytes: e.Bytes, ForeignObjects: e.ForeignObjects}
+	if !e.ModTime.IsZero() {
+		t := e.ModTime.UTC()
+		c.Modified = &t
+	}
+	return c
+}
+
+// lsOutput is the --json document of ckpt ls.
+type lsOutput struct {
+	header
+	URL         string           `json:"url"`
+	Checkpoints []checkpointJSON `json:"checkpoints"`
 }
 
 func newLsCmd() *cobra.Command {
@@ -28,11 +51,14 @@ func newLsCmd() *cobra.Command {
 		Long: `Lists the step-NNNNNNNN prefixes under RUN_URL, oldest step first, with one
 listing of the run: whether each is committed (and in which format), its
 objects, total size, the age of its newest object, and how many objects
-ckptkit did not write (gc never deletes such prefixes).`,
+ckptkit did not write (gc never deletes such prefixes).
+A RUN_URL under which nothing is stored exits 3 ("no such path").`,
+		Example: `  ckpt ls ./runs/demo
+  ckpt ls s3://bucket/runs/demo --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			run, err := backend.Open(ctx, args[0])
+			run, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
@@ -41,28 +67,30 @@ ckptkit did not write (gc never deletes such prefixes).`,
 			if err != nil {
 				return err
 			}
-			now := time.Now()
-			if asJSON {
-				out := make([]lsEntry, len(es))
-				for i, e := range es {
-					out[i] = lsEntry{Entry: e, AgeSeconds: math.Round(e.Age(now).Seconds()*1000) / 1000}
-					if e.Age(now) < 0 {
-						out[i].AgeSeconds = -1
-					}
+			if len(es) == 0 {
+				if err := orNoSuchPath(ctx, run, nil); err != nil {
+					return err
 				}
-				return writeJSON(cmd.OutOrStdout(), out)
 			}
-			printLs(cmd.OutOrStdout(), run.String(), es, now)
+			if asJSON {
+				out := &lsOutput{URL: run.String(), Checkpoints: []checkpointJSON{}}
+				for _, e := range es {
+					out.Checkpoints = append(out.Checkpoints, entryJSON(e))
+				}
+				emit(cmd, out)
+				return nil
+			}
+			printLs(cmd.OutOrStdout(), run.String(), es, time.Now())
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	return cmd
 }
 
 func printLs(w io.Writer, run string, es []catalog.Entry, now time.Time) {
 	if len(es) == 0 {
-		fmt.Fprintf(w, "no checkpoints under %s\n", run)
+		fmt.Fprintf(w, "no checkpoints under %s\n", safe(run))
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -76,7 +104,7 @@ func printLs(w io.Writer, run string, es []catalog.Entry, now time.Time) {
 		if e.ForeignObjects > 0 {
 			note = append(note, fmt.Sprintf("%d foreign object(s)", e.ForeignObjects))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Step, e.Name, state, orDash(e.Format), e.Objects, humanBytes(e.Bytes), humanAge(e.Age(now)), strings.Join(note, ", "))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.Step, safe(e.Name), state, safe(orDash(e.Format)), e.Objects, humanBytes(e.Bytes), humanAge(e.Age(now)), strings.Join(note, ", "))
 	}
 	tw.Flush()
 }

@@ -85,22 +85,55 @@ func runMain(args []string) int {
 // run executes the ckpt command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer host.CloseAll() // plugin processes never outlive the command
-	root := newRootCmd()
+	in := &invocation{stderr: stderr}
+	root := newRootCmd(in)
 	started := markStarted(root)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return 0
-	}
-	if !*started {
+	c, err := root.ExecuteContextC(context.WithValue(ctx, invocationKey{}, in))
+	if err != nil && !*started {
 		// cobra refused the command line (unknown command or flag, wrong
 		// argument count) before any command ran.
 		err = usage(err)
 	}
-	fmt.Fprintln(stderr, "ckpt:", err)
+	hint := storageHint(err, firstArg(c, args))
+	if wantsJSON(c) && (err != nil || in.doc != nil) {
+		jerr := err
+		if hint != "" {
+			jerr = fmt.Errorf("%w; %s", err, hint)
+		}
+		if werr := writeDocument(stdout, commandName(c), in.doc, jerr, cmdArgs(c, args)); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "ckpt:", safe(err.Error()))
+	if hint != "" {
+		fmt.Fprintln(stderr, "ckpt:", hint)
+	}
 	return exitCode(err)
+}
+
+// cmdArgs are the positional arguments of c in args (all args when c is
+// unknown).
+func cmdArgs(c *cobra.Command, args []string) []string {
+	if c != nil && c.Flags().Parsed() {
+		return c.Flags().Args()
+	}
+	return args
+}
+
+// firstArg is the first positional argument of c, "" when none.
+func firstArg(c *cobra.Command, args []string) string {
+	for _, a := range cmdArgs(c, args) {
+		if a != "" && a[0] != '-' {
+			return a
+		}
+	}
+	return ""
 }
 
 // markStarted wraps the RunE of every command under root so that the

@@ -22,8 +22,9 @@ func TestPluginsThroughTheCLI(t *testing.T) {
 
 	code, stdout, stderr := ckpt(t, "--plugin-dir", dir, "plugins", "list", "--json")
 	require.Equal(t, 0, code, stderr)
-	var infos []pluginInfo
-	require.NoError(t, json.Unmarshal([]byte(stdout), &infos))
+	var doc pluginsOutput
+	require.NoError(t, json.Unmarshal([]byte(stdout), &doc))
+	infos := doc.Plugins
 	require.Len(t, infos, 1)
 	require.Equal(t, []string{"memplug"}, infos[0].Schemes)
 	require.Len(t, infos[0].SHA256, 64)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/internal/trainer"
@@ -27,6 +26,7 @@ type trainFlags struct {
 	json        bool
 	noSaveOptim bool
 	noLoadOptim bool
+	force       bool
 	// Async saves and preemption (trainsave.go, preempt.go).
 	async        bool
 	stateSize    string
@@ -36,8 +36,10 @@ type trainFlags struct {
 
 // trainResult is the final JSON object of `ckpt train --json`.
 type trainResult struct {
+	header
+	URL                 string   `json:"url"`
 	Step                int64    `json:"step"`
-	Loss                float32  `json:"loss"`
+	Loss                float32  `json:"loss,omitempty"` // absent when no step ran
 	LR                  float64  `json:"lr"`
 	ResumedFrom         *int64   `json:"resumed_from"`
 	ResumedURL          string   `json:"resumed_url,omitempty"`
@@ -51,12 +53,14 @@ type trainResult struct {
 	StagingPeakBytes    int64    `json:"staging_peak_bytes"`
 	StateBytes          int64    `json:"state_bytes"`
 	Preempted           string   `json:"preempted,omitempty"`
+	// Note says why nothing was trained (a --resume at or past --steps).
+	Note string `json:"note,omitempty"`
 }
 
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train --url URL --steps N --save-every K [--ranks R] [--resume] [--async] [--state-size SIZE]",
+		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume | --force] [--async] [--state-size SIZE]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -77,18 +81,35 @@ SIGTERM or SIGINT: the step under way finishes, the in-flight save may
 commit (for at most --preempt-grace), the current step is saved
 synchronously, its URL is printed and ckpt exits 143 (SIGTERM) or 130
 (SIGINT). A second signal aborts at once; nothing half-written is ever
-committed.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd.Context(), cmd, f) },
+committed.
+
+RUN_URL defaults to ./runs/demo (--url is an alias of the argument). A run
+that already holds checkpoints is refused (exit 6, conflict) unless
+--resume (continue it) or --force (replace the steps this run saves).
+--resume into a run already at or past --steps trains nothing and says so.
+Progress (steps done / total, rate, ETA) is shown on a terminal.`,
+		Example: `  ckpt train ./runs/demo --steps 12 --save-every 3 --ranks 4
+  ckpt train ./runs/demo --steps 24 --save-every 3 --resume
+  ckpt train s3://bucket/runs/demo --steps 100 --save-every 10 --async --state-size 1GiB --json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			u, err := trainURL(cmd, args, f.url)
+			if err != nil {
+				return err
+			}
+			f.url = u
+			return runTrain(cmd.Context(), cmd, f)
+		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.url, "url", "./runs/demo", "run URL or local path under which checkpoints are written")
+	fl.StringVar(&f.url, "url", "./runs/demo", "run URL or local path (alias of the RUN_URL argument)")
+	fl.BoolVar(&f.force, forceFlag, false, "train from step 0 into a run that holds checkpoints, replacing the steps this run saves")
 	fl.Int64Var(&f.steps, "steps", 12, "total number of training steps")
 	fl.Int64Var(&f.saveEvery, "save-every", 3, "save a checkpoint every K steps (0: never)")
 	fl.IntVar(&f.ranks, "ranks", 1, "number of simulated ranks the state is sharded over")
-	fl.BoolVar(&f.resume, "resume", false, "continue from the newest committed checkpoint under --url")
+	fl.BoolVar(&f.resume, "resume", false, "continue from the newest committed, valid checkpoint under RUN_URL")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the model, the data and the teacher")
-	fl.BoolVar(&f.json, "json", false, "print one JSON object as the last line")
+	fl.BoolVar(&f.json, "json", false, jsonHelp)
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
 	fl.BoolVar(&f.noLoadOptim, "no-load-optim", false, "do not load optimizer state on resume (iteration and scheduler are still restored)")
 	fl.BoolVar(&f.async, "async", false, "save in the background, within the --staging-bytes budget")
@@ -110,25 +131,33 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if err != nil {
 		return usage(fmt.Errorf("--staging-bytes: %w", err))
 	}
-	run, err := backend.Open(ctx, f.url)
+	if f.resume && f.force {
+		return usage(fmt.Errorf("--resume and --force exclude each other: --resume continues the run, --force replaces its checkpoints"))
+	}
+	run, err := openStore(ctx, f.url)
 	if err != nil {
 		return err
 	}
 	defer run.Close()
+	if !f.resume && !f.force {
+		if err := refuseFreshTrainInto(ctx, run); err != nil {
+			return err
+		}
+	}
 	logf := func(format string, a ...any) {
 		if !f.json {
-			fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...)
+			inv(cmd).notef(format, a...)
 		}
 	}
 	tr := trainer.NewSized(f.seed, stateSize)
-	res := trainResult{Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
+	res := &trainResult{URL: run.String(), Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
 		// Latest opens the newest valid checkpoint and reads its metadata
 		// once; the load below reads through that same opened checkpoint.
 		found, skipped, err := catalog.Latest(ctx, run, false)
 		for _, s := range skipped {
-			logf("skipping %s: %s", s.Entry.URL, s.Reason)
+			logf("skipping %s: %s", safe(s.Entry.URL), safe(s.Reason))
 		}
 		switch {
 		case errors.Is(err, catalog.ErrNoCommittedCheckpoint):
@@ -160,6 +189,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
 			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
+			if step >= f.steps {
+				return resumedPastTarget(cmd, f, res, tr)
+			}
 		}
 	}
 
@@ -169,7 +201,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if err != nil {
 		return err
 	}
-	loopErr := trainLoop(ctx, f, tr, ckp, &res, logf)
+	p := newItemProgress(cmd, "train", "steps")
+	loopErr := trainLoop(ctx, f, tr, ckp, res, logf, p)
+	p.finish()
 	res.Checkpoints = ckp.checkpoints
 	res.SaveSeconds = ckp.saveTime.Seconds()
 	res.SaveStallSeconds = ckp.stall.Seconds()
@@ -194,9 +228,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 	}
 	if f.json {
-		if err := writeJSON(cmd.OutOrStdout(), res); err != nil {
-			return err
-		}
+		emit(cmd, res)
 	} else {
 		fmt.Fprintf(cmd.OutOrStdout(), "step %d loss %.6f lr %g weights_sha256 %s\n", res.Step, res.Loss, res.LR, res.WeightsSHA256)
 	}
@@ -206,10 +238,11 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 // trainLoop trains up to --steps, saving every --save-every steps through
 // ckp; on SIGTERM/SIGINT it stops after the step under way and returns a
 // *preemptedError once the current step is saved (see preempt.go).
-func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *checkpointer, res *trainResult, logf func(string, ...any)) error {
+func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *checkpointer, res *trainResult, logf func(string, ...any), p *progress) error {
 	ctx, pre := watchPreemption(ctx)
 	defer pre.stop()
 	for tr.Iteration() < f.steps && !pre.pending() {
+		p.update(tr.Iteration(), f.steps)
 		if err := ctx.Err(); err != nil {
 			// A signal that came before train claimed it (or the caller's
 			// cancellation): stop without saving.

@@ -113,6 +113,8 @@ func TestTrainSIGTERMSavesTheCurrentStep(t *testing.T) {
 	var res trainResult
 	require.NoError(t, json.Unmarshal(bytes.TrimSpace(out.Bytes()), &res), out.String())
 	require.Equal(t, "SIGTERM", res.Preempted)
+	d := validDocument(t, out.String())
+	require.Equal(t, "canceled", d.Error.Class, "the document carries the preemption as its error")
 	require.Less(t, res.Step, int64(100000))
 	want := filepath.Join(run, catalog.StepName(res.Step))
 	require.Contains(t, errb.String(), "SIGTERM at step "+strconv.FormatInt(res.Step, 10)+": saved file://"+want)

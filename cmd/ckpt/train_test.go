@@ -125,8 +125,9 @@ func TestExitCodes(t *testing.T) {
 	code, _, errs := ckpt(t, "inspect", "nosuchscheme://x")
 	require.Equal(t, 2, code)
 	require.Contains(t, errs, "registered schemes")
-	code, _, _ = ckpt(t, "verify", "mem://empty-verify")
-	require.Equal(t, 1, code)
+	code, _, errs = ckpt(t, "verify", "mem://empty-verify")
+	require.Equal(t, 3, code, "nothing stored there: not found, not a bad checkpoint")
+	require.Contains(t, errs, "no such path: mem://empty-verify")
 	code, _, _ = ckpt(t, "train", "--bogus-flag")
 	require.Equal(t, 2, code)
 }

@@ -6,9 +6,31 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
 )
+
+// verifyOutput is the --json document of ckpt verify.
+type verifyOutput struct {
+	header
+	URL       string           `json:"url"`
+	Format    string           `json:"format,omitempty"`
+	Version   string           `json:"version,omitempty"`
+	Writer    string           `json:"writer,omitempty"`
+	Iteration int64            `json:"iteration"`
+	Deep      bool             `json:"deep"`
+	Resumable bool             `json:"resumable"`
+	Problems  []loader.Finding `json:"problems"`
+	Info      []loader.Finding `json:"info"`
+	// Bytes counts the data bytes a deep verify read and checked (0
+	// without --deep).
+	Bytes      int64    `json:"bytes"`
+	LazyParams []string `json:"lazy_params"`
+	// NotChecked says what a shallow verify did not check.
+	NotChecked string `json:"not_checked,omitempty"`
+}
+
+// shallowNote is what a verify without --deep did not check.
+const shallowNote = "data bytes were not read: object sizes and metadata were checked, checksums were not (--deep reads every byte)"
 
 func newVerifyCmd() *cobra.Command {
 	var asJSON, deep bool
@@ -18,28 +40,47 @@ func newVerifyCmd() *cobra.Command {
 		Long: `Reads the checkpoint's metadata once and reports every problem by rule:
 uncommitted, missing-object, object-size, partial-optimizer-state,
 shard-coverage, layout-mismatch, and with --deep (which reads every byte)
-checksum. Lazily-absent optimizer state is reported as information.
-Exit 0 when resumable, 1 when not, 2 on usage or access errors.`,
+checksum. Lazily-absent optimizer state (parameters that never received a
+gradient, so have no optimizer state yet) is reported as information.
+Without --deep, data bytes are not read, so a flipped byte is not found:
+the output says so.
+Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
+("no such path"), 2 on usage errors, 4 on access errors.`,
+		Example: `  ckpt verify ./runs/demo/step-00000012
+  ckpt verify --deep s3://bucket/runs/demo/step-00000012
+  ckpt verify --deep --json gs://bucket/run/step-00000100`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			st, err := backend.Open(ctx, args[0])
+			st, err := openStore(ctx, args[0])
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			update, finish := progressBar("verify", asJSON || !deep)
-			rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: deep, Progress: update})
-			finish()
+			var p *progress
+			if deep {
+				p = newProgress(cmd, "verify")
+			}
+			rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: deep, Progress: p.callback()})
+			p.finish()
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
+			if !rep.Resumable && len(rep.Problems) == 1 && rep.Problems[0].Rule == loader.RuleUncommitted {
+				// No metadata object: is anything stored there at all?
+				if err := orNoSuchPath(ctx, st, nil); err != nil {
 					return err
 				}
+			}
+			out := &verifyOutput{URL: rep.URL, Format: rep.Format, Version: rep.Version, Writer: rep.Writer, Iteration: rep.Iteration,
+				Deep: rep.Deep, Resumable: rep.Resumable, Problems: rep.Problems, Info: rep.Info, Bytes: rep.BytesChecked, LazyParams: rep.LazyParams}
+			if !deep {
+				out.NotChecked = shallowNote
+			}
+			if asJSON {
+				emit(cmd, out)
 			} else {
-				printVerify(cmd.OutOrStdout(), rep)
+				printVerify(cmd.OutOrStdout(), out)
 			}
 			if !rep.Resumable {
 				return bad(fmt.Errorf("%s is not resumable: %d problem(s)", rep.URL, len(rep.Problems)))
@@ -47,28 +88,31 @@ Exit 0 when resumable, 1 when not, 2 on usage or access errors.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	cmd.Flags().BoolVar(&deep, "deep", false, "read every byte and check every checksum")
 	return cmd
 }
 
-func printVerify(w io.Writer, r *loader.VerifyReport) {
-	fmt.Fprintf(w, "checkpoint %s\n", r.URL)
+func printVerify(w io.Writer, r *verifyOutput) {
+	fmt.Fprintf(w, "checkpoint %s\n", safe(r.URL))
 	if r.Format != "" {
-		fmt.Fprintf(w, "format %s %s (%s), iteration %d\n", r.Format, r.Version, r.Writer, r.Iteration)
+		fmt.Fprintf(w, "format %s %s (%s), iteration %d\n", safe(r.Format), safe(r.Version), safe(r.Writer), r.Iteration)
 	}
 	for _, p := range r.Problems {
-		fmt.Fprintf(w, "PROBLEM [%s] %s\n", p.Rule, p.Message)
+		fmt.Fprintf(w, "PROBLEM [%s] %s\n", p.Rule, safe(p.Message))
 	}
 	for _, i := range r.Info {
-		fmt.Fprintf(w, "info    [%s] %s\n", i.Rule, i.Message)
+		fmt.Fprintf(w, "info    [%s] %s\n", i.Rule, safe(i.Message))
 	}
 	if r.Deep {
-		fmt.Fprintf(w, "deep: %d bytes checked\n", r.BytesChecked)
+		fmt.Fprintf(w, "deep: %d bytes checked\n", r.Bytes)
 	}
-	if r.Resumable {
-		fmt.Fprintln(w, "OK: resumable")
-	} else {
+	switch {
+	case r.Resumable && r.Deep:
+		fmt.Fprintln(w, "OK: resumable (every byte checked)")
+	case r.Resumable:
+		fmt.Fprintf(w, "OK: resumable, shallow check: %s\n", shallowNote)
+	default:
 		fmt.Fprintln(w, "NOT RESUMABLE")
 	}
 }
