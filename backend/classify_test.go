@@ -9,8 +9,10 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 func TestCodeForHTTPStatus(t *testing.T) {
@@ -60,4 +62,15 @@ func TestNetworkErrorCode(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, backend.NetworkErrorCode(tc.err), "%v", tc.err)
 	}
+}
+
+// Regression: a host that does not resolve was unclassified (CLI exit 10);
+// it is the URL's fault, a usage error, while a temporary DNS failure stays
+// transient.
+func TestUnresolvableHostIsAUsageError(t *testing.T) {
+	notFound := &backend.Error{Op: "list", URL: "s3://b/x", Code: backend.CodeUnknown,
+		Err: &net.OpError{Op: "dial", Err: &net.DNSError{Err: "no such host", Name: "nonexistent.invalid", IsNotFound: true}}}
+	assert.Equal(t, ckpterr.Usage, ckpterr.ClassOf(fmt.Errorf("ls: %w", notFound)))
+	temporary := &net.OpError{Op: "dial", Err: &net.DNSError{Err: "server misbehaving", Name: "h", IsTemporary: true}}
+	require.Equal(t, backend.CodeTransient, backend.NetworkErrorCode(temporary))
 }

@@ -3,6 +3,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 )
@@ -161,7 +162,16 @@ func (e *Error) Is(target error) bool {
 
 // Class returns the ckpterr class of the error's code (Internal for
 // CodeUnknown, so that ckpterr.ClassOf looks at the driver's error).
-func (e *Error) Class() ckpterr.Class { return e.Code.Class() }
+//
+// A host name that does not resolve (an endpoint mistyped in the URL or the
+// environment) is a usage error: retrying cannot fix it, and it is no bug.
+func (e *Error) Class() ckpterr.Class {
+	var dns *net.DNSError
+	if e.Code == CodeUnknown && errors.As(e.Err, &dns) && dns.IsNotFound {
+		return ckpterr.Usage
+	}
+	return e.Code.Class()
+}
 
 // IsTransient reports whether err is worth retrying.
 func IsTransient(err error) bool { return errors.Is(err, ErrTransient) }

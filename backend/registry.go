@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 // Opener builds a driver for a parsed URL. It returns the driver and the key
@@ -100,7 +102,14 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	}
 	drv, prefix, err := o(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
+		err = fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
+		// An opener that refuses a URL without saying why (an unknown
+		// query parameter, a malformed endpoint, credentials in the URL, a
+		// bucket name the service forbids) refuses the caller's input.
+		if ckpterr.ClassOf(err) == ckpterr.Internal {
+			err = ckpterr.WithClass(err, ckpterr.Usage)
+		}
+		return nil, err
 	}
 	// The driver root is the URL's path less the prefix the opener kept.
 	root := *u

@@ -46,6 +46,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/minio/minio-go/v7/pkg/s3utils"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -199,6 +200,11 @@ func open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
 	opts, err := ParseQuery(u.Query())
 	if err != nil {
 		return nil, "", err
+	}
+	// minio checks bucket names only when a request is made, with an
+	// unclassified error; a name S3 forbids is the URL's fault.
+	if err := s3utils.CheckValidBucketName(u.Host); err != nil {
+		return nil, "", fmt.Errorf("s3: bucket %q: %w", u.Host, err)
 	}
 	d, err := New(u.Host, opts)
 	if err != nil {

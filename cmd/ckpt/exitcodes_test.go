@@ -113,6 +113,9 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 		{ckpterr.Usage, nil, []string{"train", "--bogus-flag"}, "bogus-flag"},
 		{ckpterr.Usage, nil, []string{"inspect"}, "arg"},
 		{ckpterr.Usage, nil, []string{"inspect", "nosuchscheme://x"}, "registered schemes"},
+		// Regressions: URLs a driver refuses were unclassified (exit 10).
+		{ckpterr.Usage, nil, []string{"ls", "s3://b/run?endpoint=127.0.0.1:1&insecure=true"}, "bucket"},
+		{ckpterr.Usage, nil, []string{"ls", "s3://bucket/run?endpoint=127.0.0.1:1&bogus=1"}, "bogus"},
 		{ckpterr.NotFound, nil, []string{"inspect", filepath.Join(dir, "no-such-dir")}, "no-such-dir"},
 		{ckpterr.Access, nil, []string{"--plugin-dir", plugDir, "plugins", "list"}, "pin"},
 		{ckpterr.Transient, nil, []string{"ls", slowURL}, "bucket"},

@@ -161,7 +161,10 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 			if err != nil {
 				return err
 			}
-			if len(plan.Decisions) == 0 {
+			// A run holding nothing but abandoned uploads (a copy or save
+			// killed before its first object landed) is not a missing path:
+			// gc is what cleans it up.
+			if len(plan.Decisions) == 0 && len(plan.Uploads) == 0 {
 				if err := orNoSuchPath(ctx, run, nil); err != nil {
 					return err
 				}
