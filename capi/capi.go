@@ -312,6 +312,68 @@ func ckpt_read(h C.uintptr_t, key *C.char, offset, length C.int64_t, buf unsafe.
 	return 0
 }
 
+// segmentCRCs is a backend.Tap that computes one CRC32C per consecutive
+// segment of a read as its pieces land (ReadRangeInto never hands it a piece
+// that crosses a destination, and each segment is one destination).
+type segmentCRCs struct {
+	lens []int64
+	crcs []uint32
+	seg  int
+	used int64
+}
+
+func (t *segmentCRCs) Write(p []byte) (int, error) {
+	for len(t.lens) > 0 && t.seg < len(t.lens) && t.used == t.lens[t.seg] {
+		t.seg, t.used = t.seg+1, 0
+	}
+	if t.seg >= len(t.lens) {
+		return 0, fmt.Errorf("%w: read delivered more bytes than its segments hold", errUsage)
+	}
+	t.crcs[t.seg] = crc32.Update(t.crcs[t.seg], castagnoli, p)
+	t.used += int64(len(p))
+	return len(p), nil
+}
+
+func (t *segmentCRCs) Reset() {
+	clear(t.crcs)
+	t.seg, t.used = 0, 0
+}
+
+// ckpt_read_segments reads the n consecutive segments of key that start at
+// offset (lens[i] bytes each) into buf, back to back, as one ranged read, and
+// stores each segment's CRC32C in crcs[i]. The CRCs are computed while each
+// piece is still in cache, so checking the items of a coalesced read costs no
+// second pass over memory.
+//
+//export ckpt_read_segments
+func ckpt_read_segments(h C.uintptr_t, key *C.char, offset C.int64_t, n C.int, lens *C.int64_t, buf unsafe.Pointer,
+	crcs *C.uint32_t, cls *C.int, rule, msg **C.char) C.int {
+	sh, err := storeOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	if offset < 0 || n < 0 || (n > 0 && (lens == nil || crcs == nil)) {
+		return fail(fmt.Errorf("%w: offset %d, %d segments", errUsage, offset, n), cls, rule, msg)
+	}
+	segLens := unsafe.Slice((*int64)(unsafe.Pointer(lens)), int(n))
+	dsts := make([][]byte, 0, n)
+	var total int64
+	for i, l := range segLens {
+		if l < 0 {
+			return fail(fmt.Errorf("%w: segment %d has length %d", errUsage, i, l), cls, rule, msg)
+		}
+		dsts = append(dsts, unsafe.Slice((*byte)(unsafe.Add(buf, total)), int(l)))
+		total += l
+	}
+	tap := &segmentCRCs{lens: segLens, crcs: make([]uint32, n)}
+	k := C.GoString(key)
+	if err := sh.st.ReadRangeInto(context.Background(), k, int64(offset), dsts, tap); err != nil {
+		return fail(fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, total, err), cls, rule, msg)
+	}
+	copy(unsafe.Slice((*uint32)(unsafe.Pointer(crcs)), int(n)), tap.crcs)
+	return 0
+}
+
 // ckpt_read_all reads the whole object key (at most limit bytes; limit <= 0:
 // no limit) into C memory *out of *n bytes, which the caller frees with
 // ckpt_free.

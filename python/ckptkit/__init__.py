@@ -208,6 +208,23 @@ class Store(_lib.Closing):
         del keep
         return crc.value
 
+    def read_segments(self, key, offset, buf, lengths):
+        """Read consecutive segments of key, starting at offset, of the
+        given lengths into the writable buffer buf (back to back, as one
+        ranged read; len(buf) must be their sum) and return each segment's
+        CRC32C, computed by the Go core as the bytes land (no second pass)."""
+        addr, n, keep = _address(buf)
+        if memoryview(buf).readonly:
+            raise UsageError("read_segments needs a writable buffer")
+        if sum(lengths) != n:
+            raise UsageError(f"read_segments: segments hold {sum(lengths)} bytes, the buffer {n}")
+        k = len(lengths)
+        lens = (ctypes.c_int64 * k)(*lengths)
+        crcs = (ctypes.c_uint32 * k)()
+        _lib.call("ckpt_read_segments", self._handle(), key.encode(), offset, k, lens, addr, crcs)
+        del keep
+        return list(crcs)
+
     def read(self, key, offset=0, length=None):
         """Read length bytes of key at offset (the whole object when length
         is None)."""

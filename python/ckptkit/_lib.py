@@ -41,6 +41,10 @@ _SIGNATURES = {
         [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, _u32_p] + _ERR,
         ctypes.c_int,
     ),
+    "ckpt_read_segments": (
+        [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, _i64_p, ctypes.c_void_p, _u32_p] + _ERR,
+        ctypes.c_int,
+    ),
     "ckpt_read_all": ([ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int64, _void_pp, _i64_p] + _ERR, ctypes.c_int),
     "ckpt_stat": ([ctypes.c_size_t, ctypes.c_char_p, _i64_p, _i64_p, _u32_p, _c_int_p] + _ERR, ctypes.c_int),
     "ckpt_list": ([ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),

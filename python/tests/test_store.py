@@ -160,3 +160,26 @@ def test_calls_from_many_threads_at_once(base_url):
         th.join()
     assert not errors_seen
     assert len(st.list("t")) == 8 * 40
+
+
+def test_read_segments_returns_each_segments_crc32c(base_url):
+    # Segments straddling the Go core's 256 KiB read pieces, an empty one
+    # between them, and a short tail: each CRC32C is the segment's.
+    st = ckptkit.Store(base_url)
+    data = os.urandom(700_000)
+    st.put("obj", data)
+    lens = [300_000, 0, 262_144, 37_000]
+    start = 1_000
+    buf = bytearray(sum(lens))
+    crcs = st.read_segments("obj", start, buf, lens)
+    assert bytes(buf) == data[start:start + sum(lens)]
+    pos, want = start, []
+    for n in lens:
+        want.append(ckptkit.crc32c(data[pos:pos + n]))
+        pos += n
+    assert crcs == want
+    with pytest.raises(ckptkit.UsageError):
+        st.read_segments("obj", 0, bytearray(10), [4, 5])
+    with pytest.raises(ckptkit.NotFoundError):
+        st.read_segments("missing", 0, bytearray(4), [4])
+    st.close()
