@@ -3,7 +3,6 @@ package s3_test
 import (
 	"bytes"
 	"context"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/detbytes"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
 )
 
@@ -102,12 +102,7 @@ func TestRetryPartRecoversWithoutRestartingTheUpload(t *testing.T) {
 	assert.True(t, bytes.Equal(data, got), "object reads back")
 }
 
-func randomBytes(n int) []byte {
-	b := make([]byte, n)
-	r := rand.NewChaCha8([32]byte{7})
-	_, _ = r.Read(b)
-	return b
-}
+func randomBytes(n int) []byte { return detbytes.Bytes(7, n) }
 
 // Regression (found by TestInterruptedCopyLeavesNothing under load): a
 // cancellation that arrived after the server created a multipart upload but

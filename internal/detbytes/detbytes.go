@@ -6,6 +6,7 @@
 package detbytes
 
 import (
+	"encoding/binary"
 	"io"
 
 	"github.com/ckptkit/ckptkit/statedict"
@@ -22,10 +23,21 @@ func mix(x uint64) uint64 {
 // Fill fills dst with the bytes at offset off of the stream of seed: byte p
 // of the stream is byte p%8 (little-endian) of mix(seed ^ p/8).
 func Fill(dst []byte, seed uint64, off int64) {
-	for i := 0; i < len(dst); {
+	i := 0
+	// An unaligned head, byte by byte, up to the next word boundary.
+	for ; i < len(dst) && (off+int64(i))&7 != 0; i++ {
 		pos := off + int64(i)
-		w := mix(seed ^ uint64(pos>>3))
-		for sh := pos & 7; sh < 8 && i < len(dst); sh++ {
+		dst[i] = byte(mix(seed^uint64(pos>>3)) >> (8 * (pos & 7)))
+	}
+	// Whole words: one mix and one store per eight bytes (tests generate
+	// large payloads, so no per-byte loop here).
+	for ; i+8 <= len(dst); i += 8 {
+		binary.LittleEndian.PutUint64(dst[i:], mix(seed^uint64((off+int64(i))>>3)))
+	}
+	// The tail of a last, partial word.
+	if i < len(dst) {
+		w := mix(seed ^ uint64((off+int64(i))>>3))
+		for sh := 0; i < len(dst); sh++ {
 			dst[i] = byte(w >> (8 * sh))
 			i++
 		}
