@@ -394,11 +394,10 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 	}
 	// A foreign item with a recorded CRC32C (a DCP checkpoint written by
 	// ckptkit, see torchdcp.ApplyIntegrity) is checked before decoding;
-	// 0 means the format recorded none.
-	if crc != 0 {
-		if got := crc32.Checksum(stored, castagnoli); got != crc {
-			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
-		}
+	// 0 means the format recorded none. got covers the stored bytes
+	// whatever their encoding.
+	if crc != 0 && got != crc {
+		return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
 	}
 	dec, err := metadata.Decoder(enc)
 	if err != nil {
@@ -409,10 +408,7 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 		return nil, fmt.Errorf("decode %s: %w", where, err)
 	}
 	if cr.Chunk >= 0 {
-		want := metadata.ElementSize(dtype)
-		for _, d := range sizes {
-			want *= d
-		}
+		want := metadata.ElementSize(dtype) * statedict.NumElements(sizes)
 		if int64(len(raw)) != want {
 			return nil, fmt.Errorf("decode %s: %d bytes, want %d for %s%v", where, len(raw), want, dtype, sizes)
 		}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"slices"
 
@@ -96,8 +95,8 @@ func rowBlocks(te *metadata.TensorEntry) ([]int, bool) {
 	return idx, true
 }
 
-// streamRawChunk copies a raw chunk of te to w through a streamPiece
-// buffer, checking its CRC32C (and bool bytes) as it goes.
+// streamRawChunk copies a raw chunk of te to w through streamChecked,
+// after checking that the chunk lies within its object.
 func (c *Checkpoint) streamRawChunk(ctx context.Context, te *metadata.TensorEntry, ch *metadata.Chunk, w io.Writer) error {
 	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", te.Key, c.store.URL(ch.Object), ch.Offset, ch.Length)
 	n, err := c.objectSize(ctx, ch.Object)
@@ -107,29 +106,5 @@ func (c *Checkpoint) streamRawChunk(ctx context.Context, te *metadata.TensorEntr
 	if ch.Offset > n || ch.Length > n-ch.Offset {
 		return fmt.Errorf("read %s: %w: %s is past the object's end (%d bytes stored)", c.URL(), ErrMissingObject, where, n)
 	}
-	rc, err := c.store.NewRangeReader(ctx, ch.Object, ch.Offset, ch.Length)
-	if err != nil {
-		return MissingObject(err)
-	}
-	defer rc.Close()
-	buf := make([]byte, min(int64(streamPiece), ch.Length))
-	var crc uint32
-	for done := int64(0); done < ch.Length; {
-		k, err := io.ReadFull(rc, buf[:min(int64(len(buf)), ch.Length-done)])
-		if err != nil {
-			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where, done+int64(k), err))
-		}
-		if err := checkBool(te.DType, buf[:k], where); err != nil {
-			return err
-		}
-		crc = crc32.Update(crc, castagnoli, buf[:k])
-		if _, err := w.Write(buf[:k]); err != nil {
-			return err
-		}
-		done += int64(k)
-	}
-	if crc != ch.CRC32C {
-		return fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, ch.CRC32C, crc)
-	}
-	return nil
+	return c.streamChecked(ctx, ch.Object, ch.Offset, ch.Length, ch.CRC32C, te.DType, where, w)
 }

@@ -371,29 +371,38 @@ func (c *Checkpoint) streamChunk(ctx context.Context, op *planner.ReadOp, cr *pl
 		crc = c.md.Bytes[cr.Entry].CRC32C
 	}
 	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
-	rc, err := c.store.NewRangeReader(ctx, op.Object, op.Offset+cr.Start, cr.Length)
+	return c.streamChecked(ctx, op.Object, op.Offset+cr.Start, cr.Length, crc, dtype, where, io.Discard)
+}
+
+// streamChecked copies length bytes of object from offset to w in
+// streamPiece pieces, checking their CRC32C against crc and, for a bool
+// dtype, that every byte is 0 or 1. where names the item in errors.
+func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, length int64, crc uint32, dtype, where string, w io.Writer) error {
+	rc, err := c.store.NewRangeReader(ctx, object, offset, length)
 	if err != nil {
 		return MissingObject(err)
 	}
 	defer rc.Close()
-	buf := make([]byte, min(int64(streamPiece), cr.Length))
+	buf := make([]byte, min(int64(streamPiece), length))
 	var got uint32
-	var done int64
-	for done < cr.Length {
-		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), cr.Length-done)])
+	for done := int64(0); done < length; {
+		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), length-done)])
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where, done+int64(n), io.ErrUnexpectedEOF)
 			}
-			return err
+			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where, done+int64(n), err))
 		}
-		got = crc32.Update(got, castagnoli, buf[:n])
 		if dtype == string(statedict.Bool) {
 			for j, b := range buf[:n] {
 				if b > 1 {
 					return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where, done+int64(j), b)
 				}
 			}
+		}
+		got = crc32.Update(got, castagnoli, buf[:n])
+		if _, err := w.Write(buf[:n]); err != nil {
+			return err
 		}
 		done += int64(n)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -22,14 +23,13 @@ var errHalfway = errors.New("connection reset halfway")
 // its bytes, transiently, so the Store rewinds the source and retries.
 type halfwayPut struct {
 	backend.Driver
-	failed   map[string]bool
+	failed   sync.Map // key -> true once its first Put failed
 	attempts atomic.Int64
 }
 
 func (h *halfwayPut) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
 	h.attempts.Add(1)
-	if !h.failed[key] && size > 1000 {
-		h.failed[key] = true
+	if _, done := h.failed.LoadOrStore(key, true); !done && size > 1000 {
 		if _, err := io.CopyN(io.Discard, r, size/2+7); err != nil {
 			return err
 		}
@@ -75,7 +75,7 @@ func rewoundUpload(t *testing.T, async bool) {
 		src[r].Tensors["model.small"] = statedict.RowShard(statedict.NewTensor(statedict.Float32, 4, 3), r, 2)
 		src[r].Bytes["scheduler.last_epoch"] = []byte("3")
 	}
-	flaky := &halfwayPut{Driver: st.Driver(), failed: map[string]bool{}}
+	flaky := &halfwayPut{Driver: st.Driver()}
 	if async {
 		sv, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: saver.MinStagingBytes})
 		require.NoError(t, err)
