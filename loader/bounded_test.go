@@ -189,3 +189,19 @@ func TestWriteTensorOfAHugeChunkIsBoundedInMemory(t *testing.T) {
 	require.NoError(t, f.Close())
 	require.ErrorIs(t, c.WriteTensor(ctx, "model.big", sha256.New()), loader.ErrChecksum)
 }
+
+// An object cut short, here exactly at a streaming piece boundary, is a
+// missing object named with its tensor, never a bare io.EOF.
+func TestWriteTensorOfATruncatedObjectIsAMissingObject(t *testing.T) {
+	const n = 16 << 20
+	st := sparseCheckpoint(t, n)
+	ctx := context.Background()
+	c, err := loader.Open(ctx, st)
+	require.NoError(t, err)
+	path := filepath.Join(st.String()[len("file://"):], "rank-00000-000.data")
+	require.NoError(t, os.Truncate(path, 8<<20))
+	err = c.WriteTensor(ctx, "model.big", sha256.New())
+	require.ErrorIs(t, err, loader.ErrMissingObject)
+	require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err))
+	require.Contains(t, err.Error(), "model.big")
+}
