@@ -165,7 +165,7 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 			// killed before its first object landed) is not a missing path:
 			// gc is what cleans it up.
 			if len(plan.Decisions) == 0 && len(plan.Uploads) == 0 {
-				if err := orNoSuchPath(ctx, run, nil); err != nil {
+				if err := requirePath(ctx, run); err != nil {
 					return err
 				}
 			}

@@ -77,7 +77,7 @@ no checkpoint under it is committed.`,
 				return err
 			}
 			if err != nil && len(skipped) == 0 {
-				if perr := orNoSuchPath(ctx, run, nil); perr != nil {
+				if perr := requirePath(ctx, run); perr != nil {
 					return perr
 				}
 			}

@@ -68,7 +68,7 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 				return err
 			}
 			if len(es) == 0 {
-				if err := orNoSuchPath(ctx, run, nil); err != nil {
+				if err := requirePath(ctx, run); err != nil {
 					return err
 				}
 			}

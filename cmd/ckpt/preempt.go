@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/signal"
 	"sync"
-	"syscall"
 )
 
 // preemption is `ckpt train`'s handling of SIGTERM and SIGINT: the first
@@ -117,9 +116,4 @@ func (e *preemptedError) Unwrap() []error {
 }
 
 // ExitCode is 128 + the signal number (143 SIGTERM, 130 SIGINT).
-func (e *preemptedError) ExitCode() int {
-	if s, ok := e.sig.(syscall.Signal); ok {
-		return 128 + int(s)
-	}
-	return 130
-}
+func (e *preemptedError) ExitCode() int { return exitCodeFor(e.sig) }

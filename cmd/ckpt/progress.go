@@ -112,11 +112,7 @@ func (p *progress) update(done, total int64) {
 
 // line is the plain progress line: done / total, rate, ETA.
 func (p *progress) line(done, total int64, now time.Time) string {
-	el := now.Sub(p.start).Seconds()
-	rate := 0.0
-	if el > 0 {
-		rate = float64(done) / el
-	}
+	rate := p.rate(done, now)
 	eta := "?"
 	if rate > 0 && total >= done {
 		eta = (time.Duration(float64(total-done) / rate * float64(time.Second))).Round(time.Second).String()

@@ -68,7 +68,7 @@ Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
 			}
 			if !rep.Resumable && len(rep.Problems) == 1 && rep.Problems[0].Rule == loader.RuleUncommitted {
 				// No metadata object: is anything stored there at all?
-				if err := orNoSuchPath(ctx, st, nil); err != nil {
+				if err := requirePath(ctx, st); err != nil {
 					return err
 				}
 			}

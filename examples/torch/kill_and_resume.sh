@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kill_and_resume.sh RUN_BASE_URL - the example's kill-and-resume check
 # (docs/TORCH.md): an uninterrupted 2-rank run, then runs killed with
-# SIGKILL after step 7 and resumed on 2 ranks and on 1 rank; all three must
+# SIGKILL after step 5 and resumed on 2 ranks and on 1 rank; all three must
 # end with bit-identical weights. Run it in the torch environment:
 #   scripts/torch-env.sh run bash examples/torch/kill_and_resume.sh file:///tmp/moe
 set -euo pipefail

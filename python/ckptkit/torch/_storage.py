@@ -70,15 +70,17 @@ def encode_integrity(items, optimizer=None):
     return head.encode() + raw
 
 
-def decode_integrity(data):
+def decode_integrity(data, where="integrity object"):
     """The {(object, offset, length): crc32c} map and the body of an
-    integrity object."""
+    integrity object; where (its URL) names it in errors."""
     head = data[:INTEGRITY_HEADER_SIZE].decode("ascii", "replace")
-    if not head.startswith("ckptkit-dcp-integrity/1 ") or len(data) != int(head.split()[1]):
-        raise ckptkit.BadCheckpointError(f"malformed integrity object (header {head.strip()!r})")
+    fields = head.split()
+    if not head.startswith("ckptkit-dcp-integrity/1 ") or len(fields) < 2 or not fields[1].isdigit() \
+            or len(data) != int(fields[1]):
+        raise ckptkit.BadCheckpointError(f"{where}: malformed integrity object (header {head.strip()!r})")
     body = json.loads(data[INTEGRITY_HEADER_SIZE:])
     if body.get("algorithm") != "crc32c":
-        raise ckptkit.BadCheckpointError(f"integrity object: algorithm {body.get('algorithm')!r}, want crc32c")
+        raise ckptkit.BadCheckpointError(f"{where}: algorithm {body.get('algorithm')!r}, want crc32c")
     return {(i["object"], i["offset"], i["length"]): i["crc32c"] for i in body["items"]}, body
 
 
@@ -571,7 +573,7 @@ class Checkpoint(_lib.Closing):
             except ckptkit.NotFoundError:
                 self._crcs = None
             else:
-                self._crcs = decode_integrity(data)[0]
+                self._crcs = decode_integrity(data, self.object_url(INTEGRITY_KEY))[0]
         return self._crcs
 
     def read_into(self, key, offset, buf):
