@@ -357,7 +357,7 @@ func caseInterruptedSave(t T, h *Harness) {
 func (f *fixture) lazyKeys() []string {
 	var out []string
 	for _, slot := range saver.DefaultOptimizerSlots {
-		out = append(out, "optimizer.state."+f.lazyParam+"."+slot)
+		out = append(out, statedict.StateKey(statedict.DefaultOptimizerPrefix, f.lazyParam, slot))
 	}
 	return out
 }
@@ -521,8 +521,8 @@ func caseModelKeysStrict(t T, h *Harness) {
 // caseMissingObject: a committed checkpoint whose data object was deleted,
 // or truncated, is a bad checkpoint: verify names the object
 // (missing-object, object-size), and a load fails with
-// loader.ErrMissingObject (class BadCheckpoint) without touching the
-// targets.
+// loader.ErrMissingObject (class BadCheckpoint); a Transactional one
+// without touching the targets.
 func caseMissingObject(t T, h *Harness) {
 	ctx := context.Background()
 	root := h.NewStore(t)

@@ -35,7 +35,7 @@ const dcpRoot = "testdata/dcp"
 // dcpMetadataKey is the commit object of a DCP checkpoint.
 const dcpMetadataKey = ".metadata"
 
-// dcpManifest is what a DCP fixture must load as (from its expected.json).
+// dcpManifest is what a DCP fixture must load as (from its manifest.json).
 type dcpManifest struct {
 	Source     string   `json:"source"`
 	Iteration  int64    `json:"iteration"`
@@ -56,7 +56,7 @@ type dcpManifest struct {
 }
 
 // dcpSlots are the AdamW slots torch writes for a parameter.
-var dcpSlots = []string{"step", "exp_avg", "exp_avg_sq"}
+var dcpSlots = statedict.AdamWSlots()
 
 // putDCP writes the embedded checkpoint name object by object through st,
 // its .metadata last (the commit point), and returns its manifest.
@@ -108,10 +108,10 @@ func dcpTarget(t T, m *dcpManifest) *statedict.StateDict {
 		require.True(t, ok, "lazily-absent parameter %q is declared by the checkpoint (model key present)", p)
 		for j, slot := range dcpSlots {
 			tn := statedict.NewTensor(statedict.Float32)
-			if slot != "step" {
+			if slot != statedict.SlotStep {
 				tn = statedict.NewTensor(statedict.Float32, shape...)
 			}
-			sd.Tensors["optimizer.state."+p+"."+slot] = statedict.Whole(detbytes.Tensor(tn, uint64(1000+10*i+j)))
+			sd.Tensors[statedict.StateKey(statedict.DefaultOptimizerPrefix, p, slot)] = statedict.Whole(detbytes.Tensor(tn, uint64(1000+10*i+j)))
 		}
 	}
 	return sd
@@ -161,7 +161,7 @@ func caseDCPLazy(name string) func(t T, h *Harness) {
 		require.True(t, rep.OptimizerLoaded)
 		for _, p := range m.LazyParams {
 			for _, slot := range dcpSlots {
-				k := "optimizer.state." + p + "." + slot
+				k := statedict.StateKey(statedict.DefaultOptimizerPrefix, p, slot)
 				require.Equal(t, before.Tensors[k].Data, target.Tensors[k].Data, "%s must be left fresh", k)
 			}
 		}

@@ -55,9 +55,10 @@ func SparseTensorCheckpoint(t testing.TB, dir string, n int64) {
 	require.NoError(t, f.Truncate(n))
 	require.NoError(t, f.Close())
 	zeros := make([]byte, 1<<20)
+	table := crc32.MakeTable(crc32.Castagnoli)
 	var crc uint32
 	for done := int64(0); done < n; done += int64(len(zeros)) {
-		crc = crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), zeros[:min(int64(len(zeros)), n-done)])
+		crc = crc32.Update(crc, table, zeros[:min(int64(len(zeros)), n-done)])
 	}
 	md := &metadata.Checkpoint{WorldSize: 1, Training: metadata.TrainingState{Optimizer: metadata.OptimizerNone},
 		Tensors: []metadata.TensorEntry{{Key: "model.big", DType: "uint8", Shape: []int64{n},

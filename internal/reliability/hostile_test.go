@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/metadata"
 )
@@ -44,7 +45,7 @@ func TestHostileCorpus(t *testing.T) {
 	base := filepath.Join(t.TempDir(), "run")
 	r := run(t, time.Minute, "train", "--url", base, "--steps", "2", "--save-every", "2", "--ranks", "2")
 	require.Equal(t, 0, r.code, r.errs)
-	good := filepath.Join(base, "step-00000002")
+	good := filepath.Join(base, catalog.StepName(2))
 	big := int64(size(3<<30, 256<<20))
 	corpus := []hostile{
 		{"flipped bit in iteration", func(t *testing.T, d string) {

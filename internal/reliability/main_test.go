@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 )
 
 // ckptBin is the ckpt binary the campaign runs as a user would.
@@ -184,10 +186,5 @@ func s3Run(name string) string {
 	if u == "" {
 		return ""
 	}
-	base, query, _ := strings.Cut(u, "?")
-	out := strings.TrimSuffix(base, "/") + "/" + randName(name+"-")
-	if query != "" {
-		out += "?" + query
-	}
-	return out
+	return ckpttest.WithPath(u, randName(name+"-"))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 )
 
@@ -59,7 +60,7 @@ func TestNoOrphanUploadsAfterGC(t *testing.T) {
 		run := s3Run("orphans") + small
 		var caught bool
 		if i%2 == 0 {
-			caught = killDuringUpload(t, run, "copy", filepath.Join(src, "step-00000001"), ckpttest.WithPath(run, "step-00000001"))
+			caught = killDuringUpload(t, run, "copy", filepath.Join(src, catalog.StepName(1)), ckpttest.WithPath(run, catalog.StepName(1)))
 		} else {
 			caught = killDuringUpload(t, run, "train", "--url", run, "--steps", "1", "--save-every", "1", "--state-size", "24MiB")
 		}

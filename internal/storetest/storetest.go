@@ -73,7 +73,7 @@ func Scratch(t conformance.T, root *backend.Store) *backend.Store {
 		var keys []string
 		_ = st.List(ctx, "", func(o backend.ObjectInfo) error { keys = append(keys, o.Key); return nil })
 		for _, k := range keys {
-			assert.NoError(t, st.Delete(ctx, k))
+			assert.NoError(t, st.Delete(ctx, k), "clean up %s", st.URL(k))
 		}
 		_ = root.Close()
 	})

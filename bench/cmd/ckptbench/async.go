@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -133,7 +134,7 @@ func runAsyncPhase(args []string) error {
 			trainingStep(sds, uint64(i**passes+p)+1)
 		}
 		res.Step = append(res.Step, time.Since(t0).Seconds())
-		u := subPath(*rawURL, fmt.Sprintf("step-%08d", i+1))
+		u := subPath(*rawURL, catalog.StepName(int64(i+1)))
 		st, err := openStore(ctx, u)
 		if err != nil {
 			return err
