@@ -151,7 +151,7 @@ func newestProblem(ctx context.Context, run *backend.Store, skips []catalog.Skip
 			return err
 		}
 		if len(rep.Problems) > 0 {
-			return fmt.Errorf("%w: %s", ruleError(rep.Problems[0].Rule), rep.Problems[0].Message)
+			return fmt.Errorf("%w: %s", loader.RuleError(rep.Problems[0].Rule), rep.Problems[0].Message)
 		}
 	}
 	return loader.ErrIncomplete
@@ -341,22 +341,4 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 	}
 	*report = s
 	return 0
-}
-
-// ruleError is the loader sentinel of a verify rule (for a run whose
-// checkpoints all fail verify); loader.ErrIncomplete for the others.
-func ruleError(rule string) error {
-	switch rule {
-	case loader.RulePartialOptimizer:
-		return loader.ErrPartialOptimizerState
-	case loader.RuleLayoutMismatch:
-		return loader.ErrLayoutMismatch
-	case loader.RuleShardCoverage:
-		return planner.ErrCoverage
-	case loader.RuleChecksum:
-		return loader.ErrChecksum
-	case loader.RuleMissingObject, loader.RuleObjectSize:
-		return loader.ErrMissingObject
-	}
-	return loader.ErrIncomplete
 }

@@ -187,9 +187,15 @@ func (c *Checkpoint) URL() string { return c.store.String() }
 // MissingObject returns err with a not-found read of a data object that a
 // committed checkpoint names, or a read past its end (a truncated object,
 // io.ErrUnexpectedEOF), classified as ErrMissingObject (the storage error,
-// and its URL, stay in the chain); other errors are returned unchanged. Tools that read data objects themselves (copy) use it so that
-// a hole in a checkpoint is reported as a bad checkpoint.
+// and its URL, stay in the chain); other errors are returned unchanged. A
+// connection cut in transit also ends in io.ErrUnexpectedEOF, but the Store
+// marks it transient: it stays transient, never a missing object. Tools
+// that read data objects themselves (copy) use it so that a hole in a
+// checkpoint is reported as a bad checkpoint.
 func MissingObject(err error) error {
+	if errors.Is(err, backend.ErrTransient) {
+		return err
+	}
 	if errors.Is(err, backend.ErrNotFound) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %w", ErrMissingObject, err)
 	}

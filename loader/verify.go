@@ -31,6 +31,26 @@ const (
 	RuleOptimizerOmitted = "optimizer-omitted"
 )
 
+// RuleError returns the sentinel error a load fails with where Verify
+// reports a problem of rule (so that a caller that chose a checkpoint by
+// verifying it can raise the error a load would have): ErrIncomplete for
+// uncommitted prefixes and rules of no sentinel of their own.
+func RuleError(rule string) error {
+	switch rule {
+	case RulePartialOptimizer:
+		return ErrPartialOptimizerState
+	case RuleLayoutMismatch:
+		return ErrLayoutMismatch
+	case RuleShardCoverage:
+		return planner.ErrCoverage
+	case RuleChecksum:
+		return ErrChecksum
+	case RuleMissingObject, RuleObjectSize:
+		return ErrMissingObject
+	}
+	return ErrIncomplete
+}
+
 // Finding is one problem (or piece of information) found by Verify.
 type Finding struct {
 	Rule    string `json:"rule"`
