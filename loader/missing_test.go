@@ -34,4 +34,3 @@ func TestMissingObjectKeepsCutConnectionsTransient(t *testing.T) {
 	require.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(err))
 	require.Contains(t, err.Error(), "s3://b/ck/rank-0.data")
 }
-
