@@ -16,10 +16,19 @@
 // is set (for example to fake-gcs-server), the client talks to that host
 // without authentication.
 //
+// Resumable uploads are tracked: GCS cannot list resumable sessions, so the
+// driver records each one in a marker object (MarkerDir) while it is open,
+// and lists and cancels what killed writers left (backend.UploadLister, used
+// by ckpt gc). See sessions.go and docs/FORMAT.md.
+//
 // Known deviations of fake-gcs-server, the emulator the tests run against:
 // it honours the DoesNotExist precondition on writes but ignores
-// preconditions on reads and deletes, and it does not check the CRC32C of
-// resumable uploads. The driver relies on neither.
+// preconditions on reads and deletes, it does not check the CRC32C of
+// resumable uploads, and it answers the cancellation of a resumable session
+// (DELETE on its URI) with 499 but keeps the session usable (real GCS
+// forgets it). The driver relies on none of these. It serves media downloads
+// only to requests whose Host is its -public-host (scripts/test-servers.sh
+// gives it one without a port, so they work through a proxy).
 package gcs
 
 import (
