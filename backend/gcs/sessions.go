@@ -184,7 +184,10 @@ func (d *Driver) deleteObject(ctx context.Context, key string) error {
 
 // cancelSession cancels a resumable session (DELETE on its URI). GCS
 // answers 499 when it cancelled the session; 404 and 410 mean it is gone
-// already (expired, finalized or cancelled before).
+// already (expired, finalized or cancelled before). Any other client error
+// but 401, 403, 408 and 429 means the URI names no session the server will
+// act on (a finalized one, say): nothing is left to cancel either, so a
+// marker of it does not make every later gc fail.
 func (d *Driver) cancelSession(ctx context.Context, session string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, session, nil)
 	if err != nil {
@@ -202,8 +205,11 @@ func (d *Driver) cancelSession(ctx context.Context, session string) error {
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	_ = resp.Body.Close()
-	switch resp.StatusCode {
-	case 499, http.StatusNotFound, http.StatusGone, http.StatusOK, http.StatusNoContent:
+	switch c := resp.StatusCode; {
+	case c < 300:
+		return nil
+	case c == http.StatusUnauthorized || c == http.StatusForbidden || c == http.StatusRequestTimeout || c == http.StatusTooManyRequests:
+	case c >= 400 && c < 500: // 499 (cancelled), 404, 410, ...
 		return nil
 	}
 	return fmt.Errorf("gcs: cancel upload session: %w", &httpStatusError{code: resp.StatusCode})

@@ -268,6 +268,10 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		fmt.Fprintf(w, "%s %d orphan data object(s) of losing or replaced save attempts, %s\n", verb, len(plan.Orphans), humanBytes(plan.OrphanBytes))
 	}
 	for _, u := range plan.Uploads {
+		if u.Size == 0 { // unknown (GCS sessions) or no part yet
+			fmt.Fprintf(w, "upload %s (started %s ago): incomplete\n", safe(u.Key), humanAge(now.Sub(u.Initiated)))
+			continue
+		}
 		fmt.Fprintf(w, "upload %s (%s of parts, started %s ago): incomplete\n", safe(u.Key), humanBytes(u.Size), humanAge(now.Sub(u.Initiated)))
 	}
 	if len(plan.Uploads) > 0 {
