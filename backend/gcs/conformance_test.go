@@ -1,13 +1,12 @@
 package gcs_test
 
 import (
-	"context"
-
 	"github.com/stretchr/testify/require"
 	"testing"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/conformance"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
 // TestMain prints this backend's conformance rows after the tests.
@@ -35,10 +34,5 @@ func TestConformance(t *testing.T) {
 // st: every Put, cancelled or failed ones included, cancels its own.
 func noUploadMarkers(t conformance.T, st *backend.Store) {
 	t.Helper()
-	var left []string
-	require.NoError(t, st.ListUploads(context.Background(), "", func(u backend.Upload) error {
-		left = append(left, u.Key)
-		return nil
-	}))
-	require.Empty(t, left, "resumable upload sessions left recorded")
+	require.Empty(t, storetest.Uploads(t, st), "resumable upload sessions left recorded")
 }

@@ -119,11 +119,12 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gcs: HTTP client: %w", err)
 	}
-	hcCopy := *hc
-	hcCopy.Transport = &sessionTransport{base: hc.Transport}
-	if hcCopy.Transport.(*sessionTransport).base == nil {
-		hcCopy.Transport = &sessionTransport{base: http.DefaultTransport}
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
 	}
+	hcCopy := *hc // a caller's client (option.WithHTTPClient) stays as it was
+	hcCopy.Transport = &sessionTransport{base: base}
 	client, err := storage.NewClient(ctx, append(copts, option.WithHTTPClient(&hcCopy))...)
 	if err != nil {
 		return nil, fmt.Errorf("gcs: client: %w", err)
@@ -242,9 +243,23 @@ func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backe
 }
 
 func (d *Driver) list(ctx context.Context, q *storage.Query, fn func(backend.ObjectInfo) error) error {
-	prefix := q.Prefix
-	if err := q.SetAttrSelection([]string{"Name", "Size", "Updated"}); err != nil {
-		return fmt.Errorf("gcs: list %s: %w", prefix, err)
+	return d.objects(ctx, "list", q, []string{"Name", "Size", "Updated"}, func(a *storage.ObjectAttrs) error {
+		o := backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}
+		if a.Name == "" && a.Prefix != "" {
+			o = backend.ObjectInfo{Key: a.Prefix, IsPrefix: true}
+		}
+		if isReserved(o.Key) {
+			return nil // upload markers (MarkerDir) are not objects
+		}
+		return fn(o)
+	})
+}
+
+// objects calls fn for every entry of the listing q, fetching only attrs;
+// op names the operation in errors.
+func (d *Driver) objects(ctx context.Context, op string, q *storage.Query, attrs []string, fn func(*storage.ObjectAttrs) error) error {
+	if err := q.SetAttrSelection(attrs); err != nil {
+		return fmt.Errorf("gcs: %s %s: %w", op, q.Prefix, err)
 	}
 	it := d.bucket.Objects(ctx, q)
 	for {
@@ -253,16 +268,9 @@ func (d *Driver) list(ctx context.Context, q *storage.Query, fn func(backend.Obj
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("gcs: list %s: %w", prefix, err)
+			return fmt.Errorf("gcs: %s %s: %w", op, q.Prefix, err)
 		}
-		o := backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}
-		if a.Name == "" && a.Prefix != "" {
-			o = backend.ObjectInfo{Key: a.Prefix, IsPrefix: true}
-		}
-		if isReserved(o.Key) {
-			continue // upload markers (MarkerDir) are not objects
-		}
-		if err := fn(o); err != nil {
+		if err := fn(a); err != nil {
 			return err
 		}
 	}

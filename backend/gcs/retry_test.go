@@ -14,6 +14,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
 const unavailable = `{"error":{"code":503,"message":"backend unavailable","errors":[{"reason":"backendError","message":"backend unavailable"}]}}`
@@ -85,7 +86,7 @@ func TestRetryResumableChunkTriedAttemptsTimes(t *testing.T) {
 	ok, err := st.Exists(context.Background(), "big")
 	require.NoError(t, err)
 	assert.False(t, ok, "a failed upload publishes nothing")
-	assert.Empty(t, uploads(t, st), "no marker is left")
+	assert.Empty(t, storetest.Uploads(t, st), "no marker is left")
 }
 
 // isSessionStart matches the request that opens a resumable session.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"cloud.google.com/go/storage"
-	"google.golang.org/api/iterator"
 
 	"github.com/ckptkit/ckptkit/backend"
 )
@@ -227,27 +226,13 @@ func (e *httpStatusError) Error() string {
 // writer was killed). Initiated is the marker's creation time; the size
 // of what was sent is not known (0).
 func (d *Driver) ListUploads(ctx context.Context, prefix string, fn func(backend.Upload) error) error {
-	q := &storage.Query{Prefix: prefix}
-	if err := q.SetAttrSelection([]string{"Name", "Created"}); err != nil {
-		return fmt.Errorf("gcs: list uploads %s: %w", prefix, err)
-	}
-	it := d.bucket.Objects(ctx, q)
-	for {
-		a, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("gcs: list uploads %s: %w", prefix, err)
-		}
+	return d.objects(ctx, "list uploads", &storage.Query{Prefix: prefix}, []string{"Name", "Created"}, func(a *storage.ObjectAttrs) error {
 		key, id, ok := parseMarkerKey(a.Name)
 		if !ok {
-			continue
+			return nil
 		}
-		if err := fn(backend.Upload{Key: key, ID: id, Initiated: a.Created}); err != nil {
-			return err
-		}
-	}
+		return fn(backend.Upload{Key: key, ID: id, Initiated: a.Created})
+	})
 }
 
 // AbortUpload implements backend.UploadLister: it cancels the session the

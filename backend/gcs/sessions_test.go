@@ -16,15 +16,8 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/gcs"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
-
-// uploads lists the incomplete uploads under st.
-func uploads(t *testing.T, st *backend.Store) []backend.Upload {
-	t.Helper()
-	var out []backend.Upload
-	require.NoError(t, st.ListUploads(context.Background(), "", func(u backend.Upload) error { out = append(out, u); return nil }))
-	return out
-}
 
 // blockingSource yields "at" bytes of an n-byte body, then waits until
 // release is closed and fails.
@@ -70,7 +63,7 @@ func TestAbandonedResumableUploadIsListedAndAborted(t *testing.T) {
 	}()
 	<-src.reached
 	// The session is open, its first chunks sent: the marker is there.
-	us := uploads(t, st)
+	us := storetest.Uploads(t, st)
 	require.Len(t, us, 1)
 	assert.Equal(t, "step/big", us[0].Key)
 	assert.WithinDuration(t, time.Now(), us[0].Initiated, time.Minute)
@@ -79,7 +72,7 @@ func TestAbandonedResumableUploadIsListedAndAborted(t *testing.T) {
 	require.Positive(t, p.Failed(cleanup), "the writer's own clean-up was cut")
 	p.Clear()
 
-	us = uploads(t, st)
+	us = storetest.Uploads(t, st)
 	require.Len(t, us, 1, "the marker of the abandoned session stays")
 	var listed []string
 	require.NoError(t, st.List(ctx, "", func(o backend.ObjectInfo) error { listed = append(listed, o.Key); return nil }))
@@ -93,7 +86,7 @@ func TestAbandonedResumableUploadIsListedAndAborted(t *testing.T) {
 	}, Fail: func(int) bool { return false }})
 	require.NoError(t, st.AbortUpload(ctx, us[0].Key, us[0].ID))
 	assert.Equal(t, 1, p.Count(cancels), "the session was cancelled at the server")
-	assert.Empty(t, uploads(t, st))
+	assert.Empty(t, storetest.Uploads(t, st))
 	require.NoError(t, st.AbortUpload(ctx, us[0].Key, us[0].ID), "aborting an upload that is gone is not an error")
 	ok, err := st.Exists(ctx, "step/big")
 	require.NoError(t, err)
@@ -107,7 +100,7 @@ func TestMarkersAreReservedAndRemovedOnSuccess(t *testing.T) {
 	ctx := context.Background()
 	data := bytes.Repeat([]byte("y"), 700<<10)
 	require.NoError(t, st.PutBytes(ctx, "a/big", data, backend.PutOptions{}))
-	assert.Empty(t, uploads(t, st))
+	assert.Empty(t, storetest.Uploads(t, st))
 	got, err := st.ReadAll(ctx, "a/big", -1)
 	require.NoError(t, err)
 	assert.Equal(t, data, got)

@@ -24,6 +24,7 @@ import (
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
 // countUploads counts the incomplete uploads under the run at url.
@@ -32,9 +33,7 @@ func countUploads(t *testing.T, url string) int {
 	st, err := backend.Open(context.Background(), url)
 	require.NoError(t, err)
 	defer st.Close()
-	n := 0
-	require.NoError(t, st.ListUploads(context.Background(), "", func(backend.Upload) error { n++; return nil }))
-	return n
+	return len(storetest.Uploads(t, st))
 }
 
 // killDuringUpload starts ckpt args, SIGKILLs it once an incomplete upload
