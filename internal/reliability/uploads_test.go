@@ -51,11 +51,13 @@ func killDuringUpload(t *testing.T, url string, args ...string) bool {
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
+	t.Logf("killed at %s", time.Now().Format(time.RFC3339Nano))
 	// A request the process had sent when it died (another object's
 	// CreateMultipartUpload, a session start) may still land at the server
 	// a moment later: gc, which in real use runs --grace after, here runs
-	// once it has (one of 20 S3 runs left an upload gc could not yet see
-	// without this).
+	// once it has. (The probable cause of one S3 run in 20 that left an
+	// upload behind without this wait; not reproduced in 60 more kills. A
+	// run that loses logs what is left and when it was started.)
 	time.Sleep(settle)
 	return caught
 }
@@ -109,6 +111,9 @@ func TestNoOrphanUploadsAfterGC(t *testing.T) {
 				g := run2(t, "gc", run, "--keep-last", "1", "--grace", "0s")
 				require.Equal(t, 0, g.code, g.errs)
 				lost := countUploads(t, run)
+				if lost > 0 {
+					logUploads(t, run)
+				}
 				if sessions != nil {
 					for _, id := range open {
 						if !sessions.cancelled(id) {
@@ -209,6 +214,17 @@ func (w *sessionWatch) openUnder(t *testing.T, raw string) []string {
 		id := u.Query().Get("upload_id")
 		require.NotEmpty(t, id, "marker %s names a session", a.Name)
 		ids = append(ids, id)
+	}
+}
+
+// logUploads logs the incomplete uploads under the run at raw, with when
+// they were started.
+func logUploads(t *testing.T, raw string) {
+	st, err := backend.Open(context.Background(), raw)
+	require.NoError(t, err)
+	defer st.Close()
+	for _, u := range storetest.Uploads(t, st) {
+		t.Logf("left after gc: %s (id %s), started %s", u.Key, u.ID, u.Initiated.Format(time.RFC3339Nano))
 	}
 }
 
