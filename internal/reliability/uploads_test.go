@@ -149,10 +149,10 @@ func s3Uploads(t *testing.T) (func() string, *sessionWatch) {
 // fake-gcs-server: real GCS forgets it), so the test checks that the
 // cancellation reached the server rather than querying the session after.
 func gcsUploads(t *testing.T) (func() string, *sessionWatch) {
-	raw, host := os.Getenv(ckpttest.GCSURLEnv), os.Getenv("STORAGE_EMULATOR_HOST")
-	if raw == "" || host == "" {
+	if gcsRun("x") == "" {
 		t.Skipf("%s or STORAGE_EMULATOR_HOST not set", ckpttest.GCSURLEnv)
 	}
+	host := os.Getenv("STORAGE_EMULATOR_HOST")
 	p, err := faultproxy.New("http://" + strings.TrimPrefix(host, "http://"))
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
@@ -166,7 +166,7 @@ func gcsUploads(t *testing.T) (func() string, *sessionWatch) {
 		return false
 	}})
 	t.Setenv("STORAGE_EMULATOR_HOST", p.Host()) // inherited by every ckpt process
-	return func() string { return ckpttest.WithPath(raw, randName("orphans-")) + "?chunk_size=1MiB" }, w
+	return func() string { return gcsRun("orphans") + "?chunk_size=1MiB" }, w
 }
 
 // sessionWatch records the resumable sessions cancelled at the server.
