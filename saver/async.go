@@ -2,6 +2,7 @@ package saver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,12 @@ type AsyncOptions struct {
 	// RefuseWhileBusy makes a save that starts while the previous one is in
 	// flight fail with ErrSaveInFlight; by default it waits for it.
 	RefuseWhileBusy bool
+	// Prefault maps and touches the whole staging pool in NewSaver, so that
+	// no save, the first one included, takes a page fault while it copies
+	// (the pool then holds StagingBytes of memory from the start). By
+	// default the pool's pages are faulted in by the first saves that use
+	// them.
+	Prefault bool
 }
 
 // A Saver runs asynchronous saves: SaveAsync returns once the state is
@@ -53,7 +60,11 @@ func NewSaver(opts AsyncOptions) (*Saver, error) {
 	if budget < MinStagingBytes {
 		return nil, ckpterr.WithClass(fmt.Errorf("saver: staging budget %d bytes is below the minimum of %d", budget, MinStagingBytes), ckpterr.Usage)
 	}
-	return &Saver{stg: newStager(budget), refuse: opts.RefuseWhileBusy}, nil
+	stg, err := newStager(budget, opts.Prefault)
+	if err != nil {
+		return nil, err
+	}
+	return &Saver{stg: stg, refuse: opts.RefuseWhileBusy}, nil
 }
 
 // State is where an asynchronous save stands.
@@ -278,12 +289,21 @@ func (s *Saver) Stats() Stats {
 }
 
 // Close waits for the save in flight (returning its failure if no save
-// call returned it yet) and releases the staging pool; the Saver stays
-// usable and allocates a new pool on its next save.
+// call returned it yet) and returns the staging pool's memory to the
+// operating system; the Saver stays usable and maps a new pool on its next
+// save. If ctx ends first (or the Saver refuses to wait), the save goes
+// on and keeps the pool.
 func (s *Saver) Close(ctx context.Context) error {
-	if err := s.waitIdle(ctx); err != nil {
-		return err
+	err := s.waitIdle(ctx)
+	s.mu.Lock()
+	cur := s.cur
+	s.mu.Unlock()
+	if cur != nil {
+		select {
+		case <-cur.done:
+		default:
+			return err // still in flight
+		}
 	}
-	s.stg.drop()
-	return nil
+	return errors.Join(err, s.stg.drop())
 }
