@@ -232,21 +232,14 @@ func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*R
 // waitIdle waits for the save in flight (or refuses), then returns the
 // failure of the previous save if no save call returned it yet.
 func (s *Saver) waitIdle(ctx context.Context) error {
-	s.mu.Lock()
-	cur := s.cur
-	s.mu.Unlock()
-	if cur != nil {
+	if cur := s.inFlight(); cur != nil {
+		if s.refuse {
+			return fmt.Errorf("saver: %w (started %s ago)", ErrSaveInFlight, time.Since(cur.start).Round(time.Millisecond))
+		}
 		select {
 		case <-cur.done:
-		default:
-			if s.refuse {
-				return fmt.Errorf("saver: %w (started %s ago)", ErrSaveInFlight, time.Since(cur.start).Round(time.Millisecond))
-			}
-			select {
-			case <-cur.done:
-			case <-ctx.Done():
-				return fmt.Errorf("saver: waiting for the previous save: %w", ctx.Err())
-			}
+		case <-ctx.Done():
+			return fmt.Errorf("saver: waiting for the previous save: %w", ctx.Err())
 		}
 	}
 	s.mu.Lock()
@@ -295,15 +288,24 @@ func (s *Saver) Stats() Stats {
 // on and keeps the pool.
 func (s *Saver) Close(ctx context.Context) error {
 	err := s.waitIdle(ctx)
+	if s.inFlight() != nil {
+		return err
+	}
+	return errors.Join(err, s.stg.drop())
+}
+
+// inFlight returns the newest save if it has not finished, else nil.
+func (s *Saver) inFlight() *Handle {
 	s.mu.Lock()
 	cur := s.cur
 	s.mu.Unlock()
-	if cur != nil {
-		select {
-		case <-cur.done:
-		default:
-			return err // still in flight
-		}
+	if cur == nil {
+		return nil
 	}
-	return errors.Join(err, s.stg.drop())
+	select {
+	case <-cur.done:
+		return nil
+	default:
+		return cur
+	}
 }
