@@ -25,6 +25,13 @@ import (
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
+// stateHeadroom is what a staging budget that holds the whole state needs
+// above it: every object is staged into whole pages (1 MiB at this size),
+// so each wastes up to one, and with a budget of the state + 1 MiB the last
+// objects waited for an upload to free pages, which opened the uploads'
+// gate during staging and put an fsync or an HTTP request in the stall.
+const stateHeadroom = 64 * mib
+
 // asyncPhaseResult is what an async-phase subprocess prints (JSON).
 type asyncPhaseResult struct {
 	Stall       []float64 `json:"stall_s"`       // per save: time the loop was blocked
@@ -71,7 +78,7 @@ func runAsyncPhase(args []string) error {
 	prefault := fs.Bool("prefault", true, "async: AsyncOptions.Prefault (the pool is faulted in when the saver is made, after the state's RSS is noted)")
 	rawURL := fs.String("url", "", "run directory or URL")
 	sizeS := fs.String("size", "1GiB", "state size")
-	budgetS := fs.String("budget", "0", "staging budget (0: the state size + 1 MiB)")
+	budgetS := fs.String("budget", "0", "staging budget (0: the state size + 64 MiB, which holds the whole state: each object's last page is partly used)")
 	saves := fs.Int("saves", 5, "number of saves")
 	world := fs.Int("world", 4, "ranks")
 	keepLast := fs.Int("keep-last", 0, "remove older checkpoints, keeping this many (0: keep all)")
@@ -98,7 +105,7 @@ func runAsyncPhase(args []string) error {
 	sds := sourceState(specs, *world)
 	res := asyncPhaseResult{StateBytes: specBytes(specs)}
 	if budget == 0 {
-		budget = res.StateBytes + mib
+		budget = res.StateBytes + stateHeadroom
 	}
 	switch *mode {
 	case "sync", "async", "interleaved":
@@ -375,10 +382,10 @@ func asyncPhase(ctx context.Context, env []string, args ...string) (asyncPhaseRe
 
 // benchAsync measures figure 8 on the filesystem and on the S3 test
 // server: sync saves, async saves of a cfg.size state (budget state +
-// 1 MiB) and plain copies of the state, interleaved round by round with a
+// 64 MiB) and plain copies of the state, interleaved round by round with a
 // training step before each save (stall per save, the ratio async stall /
 // sync save of the same round, the memcpy ceiling); then, one phase per
-// budget (state + 1 MiB, 256 MiB), save time and peak RSS above the state;
+// budget (state + 64 MiB, 256 MiB), save time and peak RSS above the state;
 // and 100 consecutive async saves' RSS.
 func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 	sz := strconv.FormatInt(cfg.size, 10)
@@ -393,7 +400,7 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 	}
 	var rows []Row
 	for _, tg := range targets {
-		// Timing: sync saves, async saves (budget state + 1 MiB) and plain
+		// Timing: sync saves, async saves (budget state + 64 MiB) and plain
 		// copies of the state, interleaved round by round in one process,
 		// so that the ratios compare figures of the same moments.
 		in, err := asyncPhase(ctx, nil, "-mode", "interleaved", "-url", subPath(tg.url, "interleaved"), "-size", sz, "-keep-last", "1")
@@ -417,7 +424,7 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 				Ratio: statp(newStat(divPairs(in.Copy, in.SyncSave))), Goal: "- (reference)",
 				Note: fmt.Sprintf("same round; into prefaulted huge-page memory; ratio = copy / sync save, the smallest stall ratio a copy allows; async stall / copy %.2f x; one goroutine %.3f s", newStat(divPairs(in.Stall, in.Copy)).Median, newStat(in.Copy1).Median)})
 
-		// Memory: one phase per budget (state + 1 MiB, then below the state).
+		// Memory: one phase per budget (state + 64 MiB, then below the state).
 		for vi, budget := range []int64{0, 256 * mib} {
 			a, err := asyncPhase(ctx, nil, "-mode", "async", "-url", subPath(tg.url, fmt.Sprintf("async-%d", vi)), "-size", sz, "-budget", strconv.FormatInt(budget, 10), "-keep-last", "1")
 			if err != nil {
