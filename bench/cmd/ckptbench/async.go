@@ -50,6 +50,7 @@ type asyncPhaseResult struct {
 	StateBytes  int64     `json:"state_bytes"`   // the caller's state
 	BudgetBytes int64     `json:"budget_bytes"`  // the staging budget
 	Objects     int       `json:"objects"`       // data objects of the last save
+	SyncObjects int       `json:"sync_objects"`  // data objects of the last synchronous save
 	LastSaveURL string    `json:"last_save_url"` // the last checkpoint
 }
 
@@ -199,7 +200,7 @@ func runAsyncPhase(args []string) error {
 		if err != nil {
 			return 0, err
 		}
-		res.Objects = len(sr.Metadata.Objects)
+		res.SyncObjects = len(sr.Metadata.Objects)
 		return time.Since(t0).Seconds(), nil
 	}
 	// saveAsync starts an async save under u (waiting for the previous
@@ -237,6 +238,7 @@ func runAsyncPhase(args []string) error {
 				return err
 			}
 			res.Stall, res.Save = append(res.Stall, d), append(res.Save, d)
+			res.Objects = res.SyncObjects
 			rss, _ := procStatusKB("VmRSS")
 			res.RSSAfter = append(res.RSSAfter, rss)
 		case "async":
@@ -417,7 +419,7 @@ func benchAsync(ctx context.Context, cfg *config) ([]Row, error) {
 		}
 		rows = append(rows,
 			Row{Figure: fmt.Sprintf("%s sync save (%s, 5 saves)", tg.label, humanBytes(in.StateBytes)), Unit: "s", Value: statp(syncSave), Goal: "-",
-				Note: fmt.Sprintf("stall = save time; %d objects; interleaved with the async saves and copies below; training step %.2f s", in.Objects, newStat(in.Step).Median)},
+				Note: fmt.Sprintf("stall = save time; %d objects; interleaved with the async saves (%d objects) and copies below; training step %.2f s", in.SyncObjects, in.Objects, newStat(in.Step).Median)},
 			Row{Figure: name + ": stall per save", Unit: "s", Value: statp(newStat(in.Stall)), Baseline: statp(syncSave), Ratio: statp(stallRatio), Goal: goal, Met: met,
 				Note: fmt.Sprintf("ratio = async stall / sync save of the same round (median [min, max] of the pairs); waiting for the previous save %.3f s of it (median); pool prefaulted", newStat(in.Waited).Median)},
 			Row{Figure: fmt.Sprintf("%s memcpy ceiling: plain copy of the state, %d goroutines", tg.label, runtime.GOMAXPROCS(0)), Unit: "s", Value: statp(newStat(in.Copy)), Baseline: statp(syncSave),
