@@ -268,7 +268,9 @@ func (s *Saver) Wait(ctx context.Context) (*Result, error) {
 type Stats struct {
 	// BudgetBytes is the staging budget (rounded down to whole pages).
 	BudgetBytes int64
-	// PoolBytes is the memory of the pool's pages (held or free).
+	// PoolBytes is the memory of the pool's pages handed out at least once
+	// since the pool was mapped, held or free (the whole budget with
+	// AsyncOptions.Prefault); 0 after Close.
 	PoolBytes int64
 	// HeldBytes is the memory staged objects hold right now.
 	HeldBytes int64
