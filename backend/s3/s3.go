@@ -18,6 +18,12 @@
 // bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000 (so
 // part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
 //
+// Uploads send their bodies as UNSIGNED-PAYLOAD, also over plain HTTP: the
+// signature covers the headers, among them the body's CRC32C, which the
+// server verifies (a trailer where the CRC is computed while streaming).
+// The body itself is not hashed for the signature, so over plain HTTP on
+// an untrusted network use https.
+//
 // Credentials never come from the URL. They come, in this order, from
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
 // credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials, profile
