@@ -19,10 +19,9 @@
 // part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
 //
 // Uploads send their bodies as UNSIGNED-PAYLOAD, also over plain HTTP: the
-// signature covers the headers, among them the body's CRC32C, which the
-// server verifies (a trailer where the CRC is computed while streaming).
-// The body itself is not hashed for the signature, so over plain HTTP on
-// an untrusted network use https.
+// body's CRC32C, a signed header (or an unsigned trailer when it is
+// computed while streaming), is what the server verifies. The body itself
+// is not hashed for the signature, so on an untrusted network use https.
 //
 // Credentials never come from the URL. They come, in this order, from
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
