@@ -92,17 +92,27 @@ type tracker struct {
 }
 
 // started is called by the transport once the session of the upload is
-// open, before its first chunk: it writes the marker. If the marker
-// cannot be written, the session is cancelled and the upload fails.
+// open, before its first chunk: it writes the marker. The write is not
+// cut by the caller's cancellation (it is one small request, bounded by
+// cleanupTimeout): a write cut after the server stored the marker would
+// leave a marker nobody deletes. If the marker cannot be written, the
+// session is cancelled, the marker deleted should it have landed, and
+// the upload fails.
 func (tr *tracker) started(ctx context.Context, session string) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	mk := markerKey(tr.key, tr.id)
 	body, err := json.Marshal(marker{Version: 1, Key: tr.key, Session: session})
 	if err == nil {
-		err = tr.d.putSmall(ctx, markerKey(tr.key, tr.id), body)
+		err = tr.d.putSmall(wctx, mk, body)
+	}
+	if err == nil {
+		err = ctx.Err() // cancelled meanwhile: the upload stops here
 	}
 	if err != nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		_ = tr.d.cancelSession(cctx, session)
+		if tr.d.cancelSession(wctx, session) == nil {
+			_ = tr.d.deleteObject(wctx, mk)
+		}
 		return fmt.Errorf("gcs: record the upload session of %s: %w", tr.key, err)
 	}
 	tr.mu.Lock()

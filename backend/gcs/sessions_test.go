@@ -110,3 +110,26 @@ func TestMarkersAreReservedAndRemovedOnSuccess(t *testing.T) {
 		assert.True(t, strings.Contains(err.Error(), k), "the error names the key: %v", err)
 	}
 }
+
+// Regression (found by the interrupted-copy test after the marker work):
+// a Put cancelled while its marker was being written left the marker
+// behind when the server stored it but the client, cancelled, never heard.
+// The marker write now completes, and the Put, seeing its cancellation,
+// cancels the session and deletes the marker: nothing stays recorded.
+func TestCancelDuringMarkerWriteLeavesNoMarker(t *testing.T) {
+	st, p := proxiedStore(t, "chunk_size", "256KiB")
+	seen := make(chan struct{}, 1)
+	p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool {
+		return isUpload(r) && r.Method == http.MethodPost && r.URL.Query().Get("uploadType") == "multipart"
+	}, Fail: func(int) bool { return false }, Delay: 300 * time.Millisecond, Seen: seen})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-seen // the marker write has reached the server; cancel before its answer
+		cancel()
+	}()
+	err := st.PutBytes(ctx, "big", bytes.Repeat([]byte("m"), 1<<20), backend.PutOptions{})
+	require.ErrorIs(t, err, context.Canceled)
+	p.Clear()
+	assert.Empty(t, storetest.Uploads(t, st), "no marker is left")
+}
