@@ -264,7 +264,23 @@ func (r ctxReader) Read(p []byte) (int, error) {
 	return r.r.Read(p)
 }
 
-// Put implements backend.Driver: temp file, copy, fsync, publish, fsync dir.
+// ctxWriter fails with the context's error between writes once ctx ends.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (w ctxWriter) Write(p []byte) (int, error) {
+	if err := w.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return w.w.Write(p)
+}
+
+// Put implements backend.Driver: temp file, write, fdatasync, publish,
+// fsync dir. A body that is an io.WriterTo (the Store's body of a
+// backend.SlicesReader) writes its bytes to the file itself, with no copy
+// buffer in between.
 func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -296,15 +312,24 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		}
 	}()
 
-	buf, _ := copyBufs.Get(ctx, copyBufs.Size()) // unbounded: never blocks or fails
 	// r is the Store's exact-size body: size bytes, then io.EOF, or an
 	// error (the Store is the one place that enforces the declared size).
-	_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, buf)
-	copyBufs.Put(buf)
+	if wt, ok := r.(io.WriterTo); ok {
+		// The body writes its own bytes (the caller's slices, through the
+		// Store's exact-size wrapper): each byte is copied once, by the
+		// kernel, into the page cache.
+		_, err = wt.WriteTo(ctxWriter{ctx: ctx, w: f})
+	} else {
+		buf, _ := copyBufs.Get(ctx, copyBufs.Size()) // unbounded: never blocks or fails
+		_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, buf)
+		copyBufs.Put(buf)
+	}
 	if err != nil {
 		return fmt.Errorf("write %q: %w", key, err)
 	}
-	if err := f.Sync(); err != nil {
+	// The data (and the size, which reading it needs) must be durable
+	// before the object is published; fdatasync skips the timestamps.
+	if err := datasync(f); err != nil {
 		return fmt.Errorf("fsync %q: %w", key, err)
 	}
 	cerr := f.Close()
