@@ -246,35 +246,19 @@ func isGone(err error) bool {
 // few system calls (io.Copy's default is 32 KiB).
 var copyBufs = bufpool.New(1 << 20)
 
-// onlyWriter hides *os.File's ReadFrom, which would bypass the buffer.
-type onlyWriter struct{ w io.Writer }
-
-func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
-
-// ctxReader fails with the context's error between reads once ctx ends.
-type ctxReader struct {
+// fileWriter writes an object's body to its temporary file, failing with
+// the context's error between writes once ctx ends. It has no ReadFrom, so
+// io.CopyBuffer uses its buffer.
+type fileWriter struct {
 	ctx context.Context
-	r   io.Reader
+	f   *os.File
 }
 
-func (r ctxReader) Read(p []byte) (int, error) {
-	if err := r.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return r.r.Read(p)
-}
-
-// ctxWriter fails with the context's error between writes once ctx ends.
-type ctxWriter struct {
-	ctx context.Context
-	w   io.Writer
-}
-
-func (w ctxWriter) Write(p []byte) (int, error) {
+func (w fileWriter) Write(p []byte) (int, error) {
 	if err := w.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return w.w.Write(p)
+	return w.f.Write(p)
 }
 
 // Put implements backend.Driver: temp file, write, fdatasync, publish,
@@ -314,14 +298,15 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 
 	// r is the Store's exact-size body: size bytes, then io.EOF, or an
 	// error (the Store is the one place that enforces the declared size).
+	fw := fileWriter{ctx: ctx, f: f}
 	if wt, ok := r.(io.WriterTo); ok {
 		// The body writes its own bytes (the caller's slices, through the
 		// Store's exact-size wrapper): each byte is copied once, by the
 		// kernel, into the page cache.
-		_, err = wt.WriteTo(ctxWriter{ctx: ctx, w: f})
+		_, err = wt.WriteTo(fw)
 	} else {
 		buf, _ := copyBufs.Get(ctx, copyBufs.Size()) // unbounded: never blocks or fails
-		_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, buf)
+		_, err = io.CopyBuffer(fw, r, buf)
 		copyBufs.Put(buf)
 	}
 	if err != nil {
