@@ -271,10 +271,7 @@ func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dst
 				got += int64(k)
 			}
 			for p := 0; tap != nil && p < len(dst) && err == nil; p += TapPiece {
-				piece := dst[p:min(p+TapPiece, len(dst))]
-				if k, err = io.ReadFull(rc, piece); err == nil {
-					_, err = tap.Write(piece)
-				}
+				k, err = readTapped(rc, dst[p:min(p+TapPiece, len(dst))], tap)
 				got += int64(k)
 			}
 			if err != nil {
@@ -294,6 +291,34 @@ func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dst
 		}
 		return nil
 	})
+}
+
+// readTapped fills buf from r like io.ReadFull, handing tap the bytes of
+// every Read as soon as it returns (a socket delivers a piece in many
+// reads; a file in one), so the tap sees them while they are most likely
+// still in the cache.
+func readTapped(r io.Reader, buf []byte, tap Tap) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := r.Read(buf[n:])
+		if k > 0 {
+			if _, terr := tap.Write(buf[n : n+k]); terr != nil {
+				return n, terr
+			}
+			n += k
+		}
+		switch {
+		case n == len(buf):
+			return n, nil
+		case err == io.EOF && n == 0:
+			return 0, io.EOF
+		case err == io.EOF:
+			return n, io.ErrUnexpectedEOF
+		case err != nil:
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // ReadAll reads the whole object, refusing objects larger than limit bytes
