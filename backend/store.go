@@ -355,7 +355,11 @@ func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, e
 // atomicity contract. The Store enforces the declared size itself: a source
 // that ends early or delivers more fails with ErrSizeMismatch and nothing is
 // published. When r is an io.Seeker, transient failures are retried after
-// rewinding it.
+// rewinding it. When r also knows its length and can write itself
+// (Len and WriteTo: a SlicesReader, a bytes.Reader), a length other than
+// size is refused before anything is sent, and the driver's body has a
+// WriteTo too, so a driver writing to a file takes the caller's bytes
+// directly.
 func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error {
 	full, err := s.full(key)
 	if err != nil {
