@@ -241,19 +241,10 @@ func ckpt_checkpoint_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int 
 // of every local rank and the options of loader.Options.
 type loadSpec struct {
 	Targets []struct {
-		Tensors []struct {
-			Key     string  `json:"key"`
-			DType   string  `json:"dtype"`
-			Shape   []int64 `json:"shape"`
-			Offsets []int64 `json:"offsets"`
-			Sizes   []int64 `json:"sizes"`
-			// Buf indexes the buffers passed to ckpt_checkpoint_load:
-			// the C memory of NBytes bytes the tensor is loaded into
-			// (row-major, contiguous, little-endian).
-			Buf    int   `json:"buf"`
-			NBytes int64 `json:"nbytes"`
-		} `json:"tensors"`
-		Bytes []string `json:"bytes"`
+		// Tensors are loaded into the buffers passed to
+		// ckpt_checkpoint_load.
+		Tensors []tensorSpec `json:"tensors"`
+		Bytes   []string     `json:"bytes"`
 	} `json:"targets"`
 	NoLoadOptimizer bool     `json:"no_load_optimizer"`
 	ModelPrefix     string   `json:"model_prefix"`
@@ -375,24 +366,11 @@ func (ls *loadSpec) targets(ptrs []unsafe.Pointer) ([]*statedict.StateDict, erro
 	for r, t := range ls.Targets {
 		sd := statedict.New()
 		for _, ts := range t.Tensors {
-			var data []byte
-			if ts.NBytes > 0 {
-				if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
-					return nil, fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs))
-				}
-				// C memory owned by the caller for the duration of the call.
-				data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
-			} else {
-				data = []byte{}
+			sh, err := ts.shard(ptrs)
+			if err != nil {
+				return nil, err
 			}
-			offs, sizes := ts.Offsets, ts.Sizes
-			if offs == nil {
-				offs = make([]int64, len(ts.Shape))
-			}
-			if sizes == nil {
-				sizes = ts.Shape
-			}
-			sd.Tensors[ts.Key] = &statedict.Shard{DType: statedict.DType(ts.DType), GlobalShape: ts.Shape, Offsets: offs, Sizes: sizes, Data: data}
+			sd.Tensors[ts.Key] = sh
 		}
 		for _, k := range t.Bytes {
 			sd.Bytes[k] = nil
@@ -443,4 +421,39 @@ func (ch *ckptHandle) switchTo(run *backend.Store, c *loader.Checkpoint, fallbac
 	*ch = *newCkptHandle(&storeHandle{st: run}, c, name, skips)
 	ch.info.Step = step
 	ch.run = run
+}
+
+// tensorSpec is one tensor crossing the ABI in a load or save spec: its
+// key, dtype, global shape, the chunk box this rank holds and the C buffer
+// holding the chunk.
+type tensorSpec struct {
+	Key     string  `json:"key"`
+	DType   string  `json:"dtype"`
+	Shape   []int64 `json:"shape"`
+	Offsets []int64 `json:"offsets"`
+	Sizes   []int64 `json:"sizes"`
+	// Buf indexes the buffers passed with the spec: C memory of NBytes
+	// bytes (row-major, contiguous, little-endian), used for the duration
+	// of the call only.
+	Buf    int   `json:"buf"`
+	NBytes int64 `json:"nbytes"`
+}
+
+// shard is the tensor as a statedict shard over its C buffer (no copy).
+func (ts *tensorSpec) shard(ptrs []unsafe.Pointer) (*statedict.Shard, error) {
+	data := []byte{}
+	if ts.NBytes > 0 {
+		if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
+			return nil, fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs))
+		}
+		data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
+	}
+	offs, sizes := ts.Offsets, ts.Sizes
+	if offs == nil {
+		offs = make([]int64, len(ts.Shape))
+	}
+	if sizes == nil {
+		sizes = ts.Shape
+	}
+	return &statedict.Shard{DType: statedict.DType(ts.DType), GlobalShape: ts.Shape, Offsets: offs, Sizes: sizes, Data: data}, nil
 }

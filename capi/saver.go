@@ -50,18 +50,9 @@ type saveHandle struct {
 // saver.Options, and for a multi-process save the store coordinator all
 // ranks share.
 type saveSpec struct {
-	Tensors []struct {
-		Key     string  `json:"key"`
-		DType   string  `json:"dtype"`
-		Shape   []int64 `json:"shape"`
-		Offsets []int64 `json:"offsets"`
-		Sizes   []int64 `json:"sizes"`
-		// Buf indexes the buffers passed to ckpt_saver_save: NBytes bytes
-		// of C memory (row-major, contiguous, little-endian), read until
-		// the call returns.
-		Buf    int   `json:"buf"`
-		NBytes int64 `json:"nbytes"`
-	} `json:"tensors"`
+	// Tensors are read from the buffers passed to ckpt_saver_save until
+	// it returns.
+	Tensors []tensorSpec `json:"tensors"`
 	// Bytes are the byte values by key (base64 in the JSON).
 	Bytes map[string][]byte `json:"bytes"`
 
@@ -91,21 +82,11 @@ type saveSpec struct {
 func (sp *saveSpec) stateDict(ptrs []unsafe.Pointer) (*statedict.StateDict, error) {
 	sd := statedict.New()
 	for _, ts := range sp.Tensors {
-		data := []byte{}
-		if ts.NBytes > 0 {
-			if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
-				return nil, fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs))
-			}
-			data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
+		sh, err := ts.shard(ptrs)
+		if err != nil {
+			return nil, err
 		}
-		offs, sizes := ts.Offsets, ts.Sizes
-		if offs == nil {
-			offs = make([]int64, len(ts.Shape))
-		}
-		if sizes == nil {
-			sizes = ts.Shape
-		}
-		sd.Tensors[ts.Key] = &statedict.Shard{DType: statedict.DType(ts.DType), GlobalShape: ts.Shape, Offsets: offs, Sizes: sizes, Data: data}
+		sd.Tensors[ts.Key] = sh
 	}
 	for k, v := range sp.Bytes {
 		if v == nil {
@@ -361,11 +342,11 @@ func ckpt_saver_stats(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.cha
 }
 
 // ckpt_saver_idle waits for the saver's save in flight and fails with its
-// error if it failed and no call reported that yet (saver.Saver.Close: the
-// staging pool is released and allocated again by the next save). A
-// synchronous save calls it first, so it never overlaps an asynchronous one
-// and a background failure is reported by it too. With close set the saver
-// handle is released as well.
+// error if it failed and no call reported that yet. A synchronous save calls
+// it first, so it never overlaps an asynchronous one and a background
+// failure is reported by it too. The staging pool is kept for the next save,
+// unless the save failed. With close set the saver handle is released as
+// well (saver.Saver.Close: the pool too).
 //
 //export ckpt_saver_idle
 func ckpt_saver_idle(h C.uintptr_t, closeIt C.int, cls *C.int, rule, msg **C.char) C.int {
@@ -373,10 +354,14 @@ func ckpt_saver_idle(h C.uintptr_t, closeIt C.int, cls *C.int, rule, msg **C.cha
 	if err != nil {
 		return fail(err, cls, rule, msg)
 	}
+	ctx := context.Background()
 	if closeIt != 0 {
 		cgo.Handle(h).Delete()
+	} else if _, err := svh.sv.Wait(ctx); err == nil {
+		return 0 // the newest save committed: nothing to report
 	}
-	if err := svh.sv.Close(context.Background()); err != nil {
+	// Close reports the failure only if no save call returned it yet.
+	if err := svh.sv.Close(ctx); err != nil {
 		return fail(err, cls, rule, msg)
 	}
 	return 0
