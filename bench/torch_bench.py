@@ -106,7 +106,8 @@ def async_rows(sd, work, saves, staging_bytes):
                     t0 = time.perf_counter()
                     h = ct.save(async_url, m, step=i, async_save=True, staging_bytes=staging_bytes)
                     out["async_stall"].append(time.perf_counter() - t0)
-                    if pending is not None:
+                    if pending is not None:  # ended before this save started
+                        pending.wait()
                         out["async_save"].append(pending.result["seconds"])
                     pending = h
                 step()

@@ -77,15 +77,20 @@ func ruleOf(err error) string {
 	return ""
 }
 
-func ckptOf(h C.uintptr_t) (*ckptHandle, error) {
+func ckptOf(h C.uintptr_t) (*ckptHandle, error) { return handleValue[*ckptHandle](h, "checkpoint") }
+
+// handleValue is what handle h refers to, when it is a T (what names T in
+// errors).
+func handleValue[T any](h C.uintptr_t, what string) (T, error) {
+	var zero T
 	if h == 0 {
-		return nil, fmt.Errorf("%w: checkpoint handle is 0 (closed or never opened)", errUsage)
+		return zero, fmt.Errorf("%w: %s handle is 0 (closed or never opened)", errUsage, what)
 	}
-	ch, ok := cgo.Handle(h).Value().(*ckptHandle)
+	v, ok := cgo.Handle(h).Value().(T)
 	if !ok {
-		return nil, fmt.Errorf("%w: handle %d is not a checkpoint", errUsage, uintptr(h))
+		return zero, fmt.Errorf("%w: handle %d is not a %s", errUsage, uintptr(h), what)
 	}
-	return ch, nil
+	return v, nil
 }
 
 // openCheckpoint opens url as a checkpoint, or, when url is a run (it

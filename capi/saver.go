@@ -103,27 +103,9 @@ func (sp *saveSpec) options() saver.Options {
 		MaxObjectBytes: sp.MaxObjectBytes, Concurrency: sp.Concurrency}
 }
 
-func saverOf(h C.uintptr_t) (*saverHandle, error) {
-	if h == 0 {
-		return nil, fmt.Errorf("%w: saver handle is 0 (closed or never created)", errUsage)
-	}
-	v, ok := cgo.Handle(h).Value().(*saverHandle)
-	if !ok {
-		return nil, fmt.Errorf("%w: handle %d is not a saver", errUsage, uintptr(h))
-	}
-	return v, nil
-}
+func saverOf(h C.uintptr_t) (*saverHandle, error) { return handleValue[*saverHandle](h, "saver") }
 
-func saveOf(h C.uintptr_t) (*saveHandle, error) {
-	if h == 0 {
-		return nil, fmt.Errorf("%w: save handle is 0 (released or never started)", errUsage)
-	}
-	v, ok := cgo.Handle(h).Value().(*saveHandle)
-	if !ok {
-		return nil, fmt.Errorf("%w: handle %d is not a save", errUsage, uintptr(h))
-	}
-	return v, nil
-}
+func saveOf(h C.uintptr_t) (*saveHandle, error) { return handleValue[*saveHandle](h, "save") }
 
 // ckpt_saver_new creates an asynchronous saver (saver.NewSaver) whose
 // staging never holds more than staging_bytes (0: saver.DefaultStagingBytes,
