@@ -12,9 +12,10 @@
 //
 // Conversion streams: headers are computed from the metadata alone, then
 // each file is written as one Put of known size fed through a pipe by a
-// goroutine that reads tensors one at a time (or, with a memory cap, one
-// row slab at a time) through the loader, so memory is bounded by the
-// largest piece read, not by the checkpoint.
+// goroutine that streams each tensor through loader.WriteTensor (chunks
+// saved as whole rows through a small buffer, other layouts in bounded
+// slabs; with a memory cap, those in row slabs within the cap), so memory
+// follows neither the checkpoint nor a tensor's size.
 package safetensors
 
 import (
@@ -76,14 +77,19 @@ type Options struct {
 	// from the training-state record, default "model") and strips the
 	// prefix, so names match the model's own state dict.
 	ModelOnly bool
-	// MaxMemory caps the conversion's memory (0: no cap). A tensor is read
-	// in row slabs (ranges of its first dimension, cut at chunk boundaries)
-	// costing at most MaxMemory/4 bytes, counting the slab and the stored
-	// chunks it touches (read whole, for their CRC32C); the other three
-	// quarters leave the garbage collector room to free the previous slab
-	// (callers should also set debug.SetMemoryLimit to the cap, as the CLI
-	// does). A tensor whose smallest slab costs more fails with ErrTensorTooLarge
-	// before anything is written.
+	// MaxMemory caps the conversion's memory (0: no cap). A tensor whose
+	// chunks are raw and span whole rows (loader.StreamsChunks: what
+	// ckptkit saves) is streamed in small pieces whatever the cap. Any
+	// other tensor is read in row slabs (ranges of its first dimension, cut
+	// at chunk boundaries) costing at most MaxMemory/4 bytes, counting the
+	// slab and the stored chunks it touches (read whole, for their CRC32C
+	// or to decode them); the other three quarters leave the garbage
+	// collector room to free the previous slab (callers should also set
+	// debug.SetMemoryLimit to the cap, as the CLI does). A tensor whose
+	// smallest slab costs more fails with ErrTensorTooLarge before anything
+	// is written. Without a cap such tensors go through
+	// loader.WriteTensor's slabs (loader.SlabBytes plus the chunks a slab
+	// touches).
 	MaxMemory int64
 	// Metadata is added to every file's "__metadata__".
 	Metadata map[string]string
@@ -154,6 +160,9 @@ func Convert(ctx context.Context, src *loader.Checkpoint, dst *backend.Store, op
 	sort.Strings(res.Skipped)
 	// Check every tensor fits the memory cap before writing anything.
 	for _, it := range items {
+		if streamed(it.entry, opts.MaxMemory) {
+			continue
+		}
 		if _, err := slabs(it.entry, opts.MaxMemory/4); err != nil {
 			return nil, fmt.Errorf("convert %s: %w", src.URL(), err)
 		}
@@ -364,8 +373,25 @@ func (w *writer) feed(ctx context.Context, out io.Writer, f *file) error {
 	return nil
 }
 
+// streamed reports whether te is written through loader.WriteTensor:
+// always without a memory cap, and with one when the loader streams te's
+// chunks in small pieces.
+func streamed(te *metadata.TensorEntry, maxMemory int64) bool {
+	return maxMemory <= 0 || loader.StreamsChunks(te)
+}
+
 func (w *writer) writeTensor(ctx context.Context, out io.Writer, it item) error {
 	if it.size == 0 {
+		return nil
+	}
+	if streamed(it.entry, w.opts.MaxMemory) {
+		cw := &countingWriter{w: out}
+		if err := w.src.WriteTensor(ctx, it.key, cw); err != nil {
+			return err
+		}
+		if cw.n != it.size {
+			return fmt.Errorf("tensor %q: wrote %d bytes, header says %d", it.key, cw.n, it.size)
+		}
 		return nil
 	}
 	ranges, err := slabs(it.entry, w.opts.MaxMemory/4)
@@ -400,6 +426,17 @@ func (w *writer) writeTensor(ctx context.Context, out io.Writer, it item) error 
 		return fmt.Errorf("tensor %q: wrote %d bytes, header says %d", it.key, written, it.size)
 	}
 	return nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // slabs splits a tensor into row ranges [lo, hi) of its first dimension

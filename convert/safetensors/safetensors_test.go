@@ -141,16 +141,30 @@ func TestConvertShardedModelOnlyWithMemoryCap(t *testing.T) {
 }
 
 func TestConvertRefusesTensorOverMemoryCap(t *testing.T) {
-	run := ckpttest.Backends(t)[1].Open(t)
-	s := ckpttest.NewState(9, 40)
-	ckpttest.SaveStep(t, run, 9, s, 1) // one rank: each tensor is one chunk
-	out := sub(t, run, "hf")
-	_, err := safetensors.Convert(context.Background(), openStep(t, run, 9), out, safetensors.Options{MaxMemory: 1000})
+	// A DCP tensor item is decoded whole (torch.save archive), so a cap
+	// below an item's size cannot be met: refused before writing.
+	src, err := backend.Open(context.Background(), "../../interop/torchdcp/testdata/dense")
+	require.NoError(t, err)
+	t.Cleanup(func() { src.Close() })
+	c, err := loader.Open(context.Background(), src)
+	require.NoError(t, err)
+	out := sub(t, ckpttest.Backends(t)[1].Open(t), "hf")
+	_, err = safetensors.Convert(context.Background(), c, out, safetensors.Options{MaxMemory: 1000})
 	require.ErrorIs(t, err, safetensors.ErrTensorTooLarge)
 	assert.Contains(t, err.Error(), "raise --max-memory")
 	ok, err := out.Exists(context.Background(), safetensors.SingleFile)
 	require.NoError(t, err)
 	assert.False(t, ok, "nothing written")
+
+	// A native tensor saved as one chunk larger than the cap streams.
+	run := ckpttest.Backends(t)[1].Open(t)
+	s := ckpttest.NewState(9, 40)
+	ckpttest.SaveStep(t, run, 9, s, 1) // one rank: each tensor is one chunk
+	out = sub(t, run, "hf")
+	_, err = safetensors.Convert(context.Background(), openStep(t, run, 9), out, safetensors.Options{MaxMemory: 1000})
+	require.NoError(t, err)
+	got, _ := readSafetensors(t, out, safetensors.SingleFile)
+	requireMatches(t, s, got, same)
 }
 
 func TestConvertModelOnlyWithoutModelKeys(t *testing.T) {

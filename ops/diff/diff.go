@@ -201,17 +201,18 @@ func compareKey(ctx context.Context, a, b *loader.Checkpoint, key string, opts O
 }
 
 // hashKey returns the SHA-256 of one key's row-major bytes and their
-// number; a tensor is streamed into the hash (loader.WriteTensor), a bytes
-// value read whole.
+// number; a tensor is streamed into the hash (loader.WriteTensor, which
+// writes exactly its dtype size times its element count, or fails), a
+// bytes value read whole.
 func hashKey(ctx context.Context, c *loader.Checkpoint, key string, tensor bool) (string, int64, error) {
 	h := sha256.New()
 	var n int64
 	if tensor {
-		cw := &countingWriter{w: h}
-		if err := c.WriteTensor(ctx, key, cw); err != nil {
+		if err := c.WriteTensor(ctx, key, h); err != nil {
 			return "", 0, err
 		}
-		n = cw.n
+		te := c.Metadata().Tensor(key)
+		n = statedict.NumElements(te.Shape) * int64(statedict.DType(te.DType).Size())
 	} else {
 		b, err := c.ReadBytes(ctx, key)
 		if err != nil {
@@ -221,17 +222,6 @@ func hashKey(ctx context.Context, c *loader.Checkpoint, key string, tensor bool)
 		n = int64(len(b))
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
-}
-
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // pieceBytes is the size of the pieces a tolerance comparison takes from
