@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -51,6 +52,11 @@ var (
 	ErrDTypeNotRepresentable = ckpterr.New(ckpterr.Unsupported, "dtype not representable in safetensors")
 	// ErrTensorTooLarge: a tensor cannot be read within the memory cap.
 	ErrTensorTooLarge = ckpterr.New(ckpterr.Usage, "tensor does not fit the memory cap")
+	// ErrNameNotRepresentable: a tensor name a safetensors header cannot
+	// hold as itself: invalid UTF-8 (JSON would turn it into U+FFFD, so
+	// the file would name another tensor), the reserved "__metadata__", or
+	// a name twice.
+	ErrNameNotRepresentable = ckpterr.New(ckpterr.Unsupported, "tensor name not representable in safetensors")
 	// ErrNoTensors: nothing to convert (for instance --model-only on a
 	// checkpoint without model keys).
 	ErrNoTensors = ckpterr.New(ckpterr.Usage, "no tensors to convert")
@@ -273,6 +279,9 @@ func pack(items []item, shardSize int64) []*file {
 	return files
 }
 
+// metadataKey is the header's reserved member for the string metadata.
+const metadataKey = "__metadata__"
+
 type headerEntry struct {
 	DType       string   `json:"dtype"`
 	Shape       []int64  `json:"shape"`
@@ -284,6 +293,14 @@ type headerEntry struct {
 func header(items []item, meta map[string]string) ([]byte, error) {
 	h := make(map[string]any, len(items)+1)
 	for _, it := range items {
+		switch _, dup := h[it.name]; {
+		case !utf8.ValidString(it.name):
+			return nil, fmt.Errorf("tensor %q: %w: invalid UTF-8", it.key, ErrNameNotRepresentable)
+		case it.name == metadataKey:
+			return nil, fmt.Errorf("tensor %q: %w: %q is the header's metadata member", it.key, ErrNameNotRepresentable, metadataKey)
+		case dup:
+			return nil, fmt.Errorf("tensor %q: %w: %q names two tensors", it.key, ErrNameNotRepresentable, it.name)
+		}
 		shape := it.entry.Shape
 		if shape == nil {
 			shape = []int64{}
@@ -291,7 +308,7 @@ func header(items []item, meta map[string]string) ([]byte, error) {
 		h[it.name] = headerEntry{DType: it.dtype, Shape: shape, DataOffsets: [2]int64{it.begin, it.begin + it.size}}
 	}
 	if len(meta) > 0 {
-		h["__metadata__"] = meta
+		h[metadataKey] = meta
 	}
 	js, err := json.Marshal(h)
 	if err != nil {
