@@ -20,13 +20,16 @@ parallel=()
 if [[ -n "${FUZZPARALLEL:-}" ]]; then
 	parallel=(-parallel "$FUZZPARALLEL")
 fi
-# The targets: metadata decode+validate, the DCP unpickler, DCP torch.save
-# zip items, the plugin status frames.
+# The targets: metadata decode+validate, the DCP unpickler (.metadata and
+# item pickles), DCP torch.save zip items, the safetensors header convert
+# writes, the plugin status frames and shared-memory frames.
 targets=(
 	"./metadata FuzzDecode"
 	"./interop/torchdcp FuzzUnpickle"
 	"./interop/torchdcp FuzzDecodeTensor"
+	"./convert/safetensors FuzzHeader"
 	"./plugins/internal/wire FuzzDetail"
+	"./plugins/internal/wire FuzzFrames"
 )
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
