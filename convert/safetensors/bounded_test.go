@@ -20,13 +20,7 @@ import (
 	"github.com/ckptkit/ckptkit/loader"
 )
 
-func openDir(t *testing.T, dir string) *backend.Store {
-	t.Helper()
-	st, err := backend.Open(context.Background(), dir)
-	require.NoError(t, err)
-	t.Cleanup(func() { st.Close() })
-	return st
-}
+func openDir(t *testing.T, dir string) *backend.Store { return ckpttest.OpenURL(t, dir) }
 
 // Regression (issue 16): convert read each tensor whole without a cap
 // (ReadTensor: a 256 MiB tensor, 256 MiB allocated) and, with one, refused

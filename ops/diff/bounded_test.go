@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/ops/diff"
@@ -27,10 +26,7 @@ func sparseSide(t *testing.T, last byte) (*loader.Checkpoint, string) {
 	t.Helper()
 	dir := t.TempDir()
 	ckpttest.SparseTensorCheckpointEndingIn(t, dir, hugeN, last)
-	st, err := backend.Open(context.Background(), dir)
-	require.NoError(t, err)
-	t.Cleanup(func() { st.Close() })
-	c, err := loader.Open(context.Background(), st)
+	c, err := loader.Open(context.Background(), ckpttest.OpenURL(t, dir))
 	require.NoError(t, err)
 	return c, dir
 }
@@ -91,10 +87,8 @@ func TestStreamedDiffReportsAChecksumMismatchAndLeaksNothing(t *testing.T) {
 	var sides [2]*loader.Checkpoint
 	for i, dir := range dirs {
 		ckpttest.SparseTensorCheckpointEndingIn(t, dir, n, 0)
-		st, err := backend.Open(ctx, dir)
-		require.NoError(t, err)
-		t.Cleanup(func() { st.Close() })
-		sides[i], err = loader.Open(ctx, st)
+		var err error
+		sides[i], err = loader.Open(ctx, ckpttest.OpenURL(t, dir))
 		require.NoError(t, err)
 	}
 	f, err := os.OpenFile(filepath.Join(dirs[1], "rank-00000-000.data"), os.O_WRONLY, 0)
