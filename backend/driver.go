@@ -117,6 +117,12 @@ type Capabilities struct {
 	Multipart   bool
 	PartSize    int64
 	Concurrency int
+	// StreamedPutBytes: a Put of at most this many bytes streams its body
+	// to the service as it reads it, without a copy in a buffer of the
+	// driver's or its SDK's (0: no such promise; a driver copies a body
+	// into part buffers or upload chunks above it). The async saver stages
+	// objects up to this size in its budget without room for a copy.
+	StreamedPutBytes int64
 }
 
 // Remainer is implemented by readers that know, before the first Read, how
