@@ -39,7 +39,8 @@ echo "| --- | --- | --- |"
 for t in "${targets[@]}"; do
 	read -r pkg name <<<"$t"
 	if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$time" -fuzzminimizetime "$minimize" "${parallel[@]}" "$pkg" >"$log" 2>&1; then
-		execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+		# A short run can end during the baseline, before any "execs:" line.
+		execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
 		echo "| $pkg $name | $time | no finding (${execs:-?} execs) |"
 	else
 		status=1
