@@ -108,3 +108,12 @@ func (c *Checkpoint) streamRawChunk(ctx context.Context, te *metadata.TensorEntr
 	}
 	return c.streamChecked(ctx, ch.Object, ch.Offset, ch.Length, ch.CRC32C, te.DType, where, w)
 }
+
+// StreamsChunks reports whether WriteTensor streams te chunk by chunk
+// through a small buffer (every chunk raw and spanning whole
+// leading-dimension rows), so that writing it costs the same small memory
+// whatever its size and chunking; other layouts are assembled in slabs.
+func StreamsChunks(te *metadata.TensorEntry) bool {
+	_, ok := rowBlocks(te)
+	return ok
+}
