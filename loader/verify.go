@@ -274,32 +274,80 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// deepCheck reads every chunk of every present object and checks it.
+// deepBatchChunks is how many chunks deepCheck plans and reads at a time:
+// the plan of a whole checkpoint costs more memory than its metadata, so
+// memory would follow the number of chunks.
+const deepBatchChunks = 1 << 16
+
+// deepCheck reads every chunk of every present object and checks it, in
+// batches of about deepBatchChunks chunks (whole tensors).
 func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int, progress func(done, total int64)) (int64, []Finding, error) {
 	if conc <= 0 {
 		conc = 8
 	}
 	md := c.md
 	var reqs []planner.ReadRequest
-	for i := range md.Tensors {
-		t := &md.Tensors[i]
+	var total int64 // the bytes to read, for progress
+	skipped := func(t *metadata.TensorEntry) bool {
 		if planner.CheckCoverage(t) != nil {
-			continue // reported as shard-coverage; reads would not plan
+			return true // reported as shard-coverage; reads would not plan
 		}
-		skip := false
 		for _, ch := range t.Chunks {
-			skip = skip || skipObjects[ch.Object]
+			if skipObjects[ch.Object] {
+				return true
+			}
 		}
-		if skip || len(t.Chunks) == 0 {
-			continue
+		return len(t.Chunks) == 0
+	}
+	for i := range md.Tensors {
+		if t := &md.Tensors[i]; !skipped(t) {
+			for _, ch := range t.Chunks {
+				total += ch.Length
+			}
 		}
-		reqs = append(reqs, planner.ReadRequest{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape})
 	}
 	for _, b := range md.Bytes {
 		if !skipObjects[b.Object] {
+			total += b.Length
 			reqs = append(reqs, planner.ReadRequest{Key: b.Key, Kind: planner.BytesItem})
 		}
 	}
+	var read int64
+	var out []Finding
+	var checked atomic.Int64
+	batch := func() error {
+		n, found, err := c.deepCheckBatch(ctx, reqs, conc, &checked, total, progress)
+		read += n
+		out = append(out, found...)
+		reqs = reqs[:0]
+		return err
+	}
+	chunks := 0
+	for i := range md.Tensors {
+		t := &md.Tensors[i]
+		if skipped(t) {
+			continue
+		}
+		reqs = append(reqs, planner.ReadRequest{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape})
+		if chunks += len(t.Chunks); chunks >= deepBatchChunks {
+			if err := batch(); err != nil {
+				return 0, nil, err
+			}
+			chunks = 0
+		}
+	}
+	if len(reqs) > 0 {
+		if err := batch(); err != nil {
+			return 0, nil, err
+		}
+	}
+	return read, out, nil
+}
+
+// deepCheckBatch reads and checks what reqs ask for; checked counts the
+// bytes checked (of total) for progress.
+func (c *Checkpoint) deepCheckBatch(ctx context.Context, reqs []planner.ReadRequest, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
+	md := c.md
 	plan, err := planner.PlanLoad(md, reqs, planner.LoadOptions{})
 	if err != nil {
 		return 0, nil, err
@@ -308,7 +356,6 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
 	pool := readPool(plan, planner.DefaultMaxReadBytes) // conc reads hold one each
-	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
 		g.Go(func() error {
@@ -324,7 +371,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 					}
 				}
 				if progress != nil {
-					progress(checked.Add(op.Length), plan.BytesRead)
+					progress(checked.Add(op.Length), total)
 				}
 				return nil
 			}
@@ -338,7 +385,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 				return err
 			}
 			if progress != nil {
-				progress(checked.Add(op.Length), plan.BytesRead)
+				progress(checked.Add(op.Length), total)
 			}
 			for j := range op.Chunks {
 				cr := &op.Chunks[j]

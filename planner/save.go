@@ -315,7 +315,9 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 				start = i
 				cur = RankWrites{Rank: r, Object: name(r, n)}
 			}
-			items[i] = WriteItem{Key: item(un.writer).Key, Length: un.length, LocalIndex: int(un.writer.item),
+			// The key from the metadata, which units walk in order, not
+			// from the plans, which they visit out of order.
+			items[i] = WriteItem{Key: unitKey(un), Length: un.length, LocalIndex: int(un.writer.item),
 				Object: cur.Object, Offset: cur.Size, Entry: int(un.entry), Chunk: int(un.chunk)}
 			if un.chunk < 0 {
 				b := &md.Bytes[un.entry]

@@ -1,14 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -125,16 +127,18 @@ there is not a readable checkpoint.`,
 			if hash {
 				p = newProgress(cmd, "inspect")
 			}
+			if !asJSON {
+				// Streamed: one row at a time, nothing kept per tensor.
+				err := printInspect(ctx, cmd.OutOrStdout(), c, from, hash, p.callback())
+				p.finish()
+				return bad(err)
+			}
 			out, err := describe(ctx, c, from, hash, p.callback())
 			p.finish()
 			if err != nil {
 				return bad(err)
 			}
-			if asJSON {
-				emit(cmd, out)
-				return nil
-			}
-			printInspect(cmd.OutOrStdout(), out)
+			emit(cmd, out)
 			return nil
 		},
 	}
@@ -143,13 +147,12 @@ there is not a readable checkpoint.`,
 	return cmd
 }
 
-// describe lists c; with hash it reads every tensor, calling progress
-// (when not nil) with the tensor bytes hashed so far.
-func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
+// describeHead returns c's inspect document without its tensors.
+func describeHead(c *loader.Checkpoint, from string) *inspectOutput {
 	md := c.Metadata()
 	out := &inspectOutput{URL: c.URL(), ResolvedFrom: from, Format: c.FormatName(), Version: md.Version, Writer: md.Writer,
 		CreatedAt: md.CreatedAt, WorldSize: md.WorldSize, MetadataKey: c.MetadataKey(), MetadataBytes: c.MetadataSize(),
-		Training: md.Training, Values: []inspectBytes{}, Objects: []inspectObject{}, Tensors: []inspectTensor{}}
+		Training: md.Training, Values: make([]inspectBytes, 0, len(md.Bytes)), Objects: make([]inspectObject, 0, len(md.Objects)), Tensors: []inspectTensor{}}
 	for _, o := range md.Objects {
 		out.Bytes += o.Size
 		out.Objects = append(out.Objects, inspectObject{Key: o.Key, Bytes: o.Size})
@@ -161,23 +164,60 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool,
 		}
 		out.Values = append(out.Values, ib)
 	}
-	var hashTotal, hashed int64
-	if hash {
-		for _, te := range md.Tensors {
-			n := metadata.ElementSize(te.DType)
-			for _, d := range te.Shape {
-				n *= d
-			}
-			hashTotal += n
-		}
+	return out
+}
+
+// tensorBytes is the byte size of te's global shape.
+func tensorBytes(te *metadata.TensorEntry) int64 {
+	n := metadata.ElementSize(te.DType)
+	for _, d := range te.Shape {
+		n *= d
 	}
-	for _, te := range md.Tensors {
-		it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Chunks: []inspectChunk{}}
-		n := metadata.ElementSize(te.DType)
-		for _, d := range te.Shape {
-			n *= d
-		}
-		it.Bytes = n
+	return n
+}
+
+// hashTensor returns the SHA-256 of te's bytes, streamed: memory does not
+// follow tensor size.
+func hashTensor(ctx context.Context, c *loader.Checkpoint, te *metadata.TensorEntry) (string, error) {
+	h := sha256.New()
+	if err := c.WriteTensor(ctx, te.Key, h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// hashProgress counts the tensor bytes hashed for progress (nil: no
+// progress).
+type hashProgress struct {
+	fn          func(done, total int64)
+	done, total int64
+}
+
+func newHashProgress(md *metadata.Checkpoint, fn func(done, total int64)) *hashProgress {
+	p := &hashProgress{fn: fn}
+	for i := range md.Tensors {
+		p.total += tensorBytes(&md.Tensors[i])
+	}
+	return p
+}
+
+func (p *hashProgress) add(n int64) {
+	p.done += n
+	if p.fn != nil {
+		p.fn(p.done, p.total)
+	}
+}
+
+// describe lists c (the --json document); with hash it reads every tensor,
+// calling progress (when not nil) with the tensor bytes hashed so far.
+func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
+	md := c.Metadata()
+	out := describeHead(c, from)
+	out.Tensors = make([]inspectTensor, 0, len(md.Tensors))
+	hp := newHashProgress(md, progress)
+	for i := range md.Tensors {
+		te := &md.Tensors[i]
+		it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Bytes: tensorBytes(te), Chunks: make([]inspectChunk, 0, len(te.Chunks))}
 		for _, ch := range te.Chunks {
 			ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
 			if ch.Encoding == metadata.EncodingRaw {
@@ -186,23 +226,76 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool,
 			it.Chunks = append(it.Chunks, ic)
 		}
 		if hash {
-			// Streamed: memory does not follow tensor size.
-			h := sha256.New()
-			if err := c.WriteTensor(ctx, te.Key, h); err != nil {
+			sum, err := hashTensor(ctx, c, te)
+			if err != nil {
 				return nil, err
 			}
-			it.SHA256 = hex.EncodeToString(h.Sum(nil))
-			hashed += it.Bytes
-			if progress != nil {
-				progress(hashed, hashTotal)
-			}
+			it.SHA256 = sum
+			hp.add(it.Bytes)
 		}
 		out.Tensors = append(out.Tensors, it)
 	}
 	return out, nil
 }
 
-func printInspect(w io.Writer, o *inspectOutput) {
+// distinctObjects counts the distinct objects of chunks without a map in
+// the usual case of a few.
+func distinctObjects(chunks []metadata.Chunk) int {
+	var few [8]string
+	seen := few[:0]
+	var many map[string]bool
+next:
+	for i := range chunks {
+		o := chunks[i].Object
+		if many != nil {
+			many[o] = true
+			continue
+		}
+		for _, s := range seen {
+			if s == o {
+				continue next
+			}
+		}
+		if len(seen) < len(few) {
+			seen = append(seen, o)
+			continue
+		}
+		many = make(map[string]bool, 2*len(few))
+		for _, s := range seen {
+			many[s] = true
+		}
+		many[o] = true
+	}
+	if many != nil {
+		return len(many)
+	}
+	return len(seen)
+}
+
+// inspectCols is the number of aligned columns of the key table (the
+// SHA256 column, last, is not padded).
+const inspectCols = 6
+
+// tensorCells returns the aligned cells of te's row.
+func tensorCells(te *metadata.TensorEntry, cells *[inspectCols]string) {
+	*cells = [inspectCols]string{safe(te.Key), safe(te.DType), fmt.Sprint(te.Shape), strconv.Itoa(len(te.Chunks)),
+		strconv.Itoa(distinctObjects(te.Chunks)), strconv.FormatInt(tensorBytes(te), 10)}
+}
+
+// valueCells returns the aligned cells of a byte value's row.
+func valueCells(b *metadata.BytesEntry, cells *[inspectCols]string) {
+	*cells = [inspectCols]string{safe(b.Key), "bytes", "-", "1", "1", strconv.FormatInt(b.Length, 10)}
+}
+
+// printInspect prints c for a human: a header, then one row per key in
+// columns aligned as text/tabwriter would align them (width: the longest
+// cell plus 2), streamed: a first pass over the metadata measures the
+// columns, the second prints each row as it is made (hashing its tensor
+// first with hash), so memory does not follow the number of keys.
+func printInspect(ctx context.Context, out io.Writer, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) error {
+	md := c.Metadata()
+	w := bufio.NewWriterSize(out, 64<<10)
+	o := describeHead(c, from)
 	if o.ResolvedFrom != "" {
 		fmt.Fprintf(w, "run %s: newest committed checkpoint is %s\n", safe(o.ResolvedFrom), safe(o.URL))
 	}
@@ -215,22 +308,57 @@ func printInspect(w io.Writer, o *inspectOutput) {
 	tr := o.Training
 	fmt.Fprintf(w, "training: iteration %d, optimizer %s (prefix %q, slots %v, %d state entries), scheduler prefix %q\n",
 		tr.Iteration, safe(tr.Optimizer), tr.OptimizerPrefix, safeAll(tr.OptimizerSlots), tr.OptimizerStateEntries, tr.SchedulerPrefix)
-	fmt.Fprintf(w, "%d tensors, %d byte values, %d objects, %d data bytes, metadata %s (%d bytes)\n\n", len(o.Tensors), len(o.Values), len(o.Objects), o.Bytes, safe(o.MetadataKey), o.MetadataBytes)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tDTYPE\tSHAPE\tCHUNKS\tOBJECTS\tBYTES\tSHA256")
-	for _, t := range o.Tensors {
-		objs := map[string]bool{}
-		for _, c := range t.Chunks {
-			objs[c.Object] = true
+	fmt.Fprintf(w, "%d tensors, %d byte values, %d objects, %d data bytes, metadata %s (%d bytes)\n\n", len(md.Tensors), len(o.Values), len(o.Objects), o.Bytes, safe(o.MetadataKey), o.MetadataBytes)
+
+	header := [inspectCols]string{"KEY", "DTYPE", "SHAPE", "CHUNKS", "OBJECTS", "BYTES"}
+	var widths [inspectCols]int
+	measure := func(cells *[inspectCols]string) {
+		for j, s := range cells {
+			widths[j] = max(widths[j], utf8.RuneCountInString(s)+2)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%s\n", safe(t.Key), safe(t.DType), t.Shape, len(t.Chunks), len(objs), t.Bytes, t.SHA256)
 	}
-	for _, b := range o.Values {
-		fmt.Fprintf(tw, "%s\tbytes\t-\t1\t1\t%d\t\n", safe(b.Key), b.Length)
+	var cells [inspectCols]string
+	measure(&header)
+	for i := range md.Tensors {
+		tensorCells(&md.Tensors[i], &cells)
+		measure(&cells)
 	}
-	tw.Flush()
+	for i := range md.Bytes {
+		valueCells(&md.Bytes[i], &cells)
+		measure(&cells)
+	}
+	row := func(cells *[inspectCols]string, last string) {
+		for j, s := range cells {
+			w.WriteString(s)
+			for n := utf8.RuneCountInString(s); n < widths[j]; n++ {
+				w.WriteByte(' ')
+			}
+		}
+		w.WriteString(last)
+		w.WriteByte('\n')
+	}
+	row(&header, "SHA256")
+	hp := newHashProgress(md, progress)
+	for i := range md.Tensors {
+		te := &md.Tensors[i]
+		sum := ""
+		if hash {
+			var err error
+			if sum, err = hashTensor(ctx, c, te); err != nil {
+				return err
+			}
+			hp.add(tensorBytes(te))
+		}
+		tensorCells(te, &cells)
+		row(&cells, sum)
+	}
+	for i := range md.Bytes {
+		valueCells(&md.Bytes[i], &cells)
+		row(&cells, "")
+	}
 	fmt.Fprintln(w, "\nOBJECTS")
 	for _, ob := range o.Objects {
 		fmt.Fprintf(w, "  %s  %d bytes\n", safe(ob.Key), ob.Bytes)
 	}
+	return w.Flush()
 }
