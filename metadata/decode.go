@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"slices"
@@ -228,11 +229,11 @@ func (d *decoder) checkpoint(c *Checkpoint) error {
 		case topWorldSize:
 			c.WorldSize, err = d.int()
 		case topTensors:
-			c.Tensors, err = decodeArray(d, minTensorBytes, (*decoder).tensor, nil)
+			c.Tensors, err = decodeArray(d, minTensorBytes, (*decoder).tensor, nil, d.tensorsHint())
 		case topBytes:
-			c.Bytes, err = decodeArray(d, minBytesBytes, (*decoder).bytesEntry, nil)
+			c.Bytes, err = decodeArray(d, minBytesBytes, (*decoder).bytesEntry, nil, 0)
 		case topObjects:
-			c.Objects, err = decodeArray(d, minObjectBytes, (*decoder).object, nil)
+			c.Objects, err = decodeArray(d, minObjectBytes, (*decoder).object, nil, 0)
 		case topTraining:
 			err = d.training(&c.Training, 1)
 		case topSeal:
@@ -260,9 +261,9 @@ func (d *decoder) tensor(t *TensorEntry) error {
 		case tensorDType:
 			t.DType, err = d.internedString()
 		case tensorShape:
-			t.Shape, err = decodeArray(d, 2, int64Elem, &d.ints)
+			t.Shape, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
 		case tensorChunks:
-			t.Chunks, err = decodeArray(d, minChunkBytes, (*decoder).chunk, &d.chunks)
+			t.Chunks, err = decodeArray(d, minChunkBytes, (*decoder).chunk, &d.chunks, 0)
 		}
 		if err != nil {
 			return err
@@ -282,9 +283,9 @@ func (d *decoder) chunk(ch *Chunk) error {
 		}
 		switch i {
 		case chunkOffsets:
-			ch.Offsets, err = decodeArray(d, 2, int64Elem, &d.ints)
+			ch.Offsets, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
 		case chunkSizes:
-			ch.Sizes, err = decodeArray(d, 2, int64Elem, &d.ints)
+			ch.Sizes, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
 		case chunkObject:
 			ch.Object, err = d.internedString()
 		case chunkOffset:
@@ -372,7 +373,7 @@ func (d *decoder) training(t *TrainingState, depth int) error {
 		case trainOptimizerPrefix:
 			t.OptimizerPrefix, err = d.string()
 		case trainOptimizerSlots:
-			t.OptimizerSlots, err = decodeArray(d, minStringBytes, stringElem, nil)
+			t.OptimizerSlots, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
 		case trainOptimizerStateEntries:
 			t.OptimizerStateEntries, err = d.int()
 		case trainSchedulerPrefix:
@@ -380,7 +381,7 @@ func (d *decoder) training(t *TrainingState, depth int) error {
 		case trainModelPrefix:
 			t.ModelPrefix, err = d.string()
 		case trainParams:
-			t.Params, err = decodeArray(d, minStringBytes, stringElem, nil)
+			t.Params, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
 		}
 		if err != nil {
 			return err
@@ -396,12 +397,16 @@ func stringElem(d *decoder, s *string) (err error) {
 // decodeArray decodes an array (null: nil) whose elements elem decodes.
 // minBytes is the smallest encoding of an element, which bounds the
 // allocation for the elements counted ahead. With a pool, a short array is
-// decoded in place at the tail of the pool's shared block.
-func decodeArray[T any](d *decoder, minBytes int, elem func(*decoder, *T) error, pool *arrayPool[T]) ([]T, error) {
+// decoded in place at the tail of the pool's shared block; without one,
+// capHint (when > 0) is the capacity to start with.
+func decodeArray[T any](d *decoder, minBytes int, elem func(*decoder, *T) error, pool *arrayPool[T], capHint int) ([]T, error) {
 	if null, err := d.arrayStart(); err != nil || null {
 		return nil, err
 	}
 	var out []T
+	if capHint > 0 {
+		out = make([]T, 0, capHint)
+	}
 	inBlock := pool != nil
 	if inBlock {
 		if cap(pool.block) == 0 {
@@ -448,8 +453,9 @@ func growArray[T any](d *decoder, out []T, minBytes int, pool *arrayPool[T], inB
 			pool.block = nb[:0]
 			return nb
 		}
+		// Too long for the block: its own array, at its counted length.
 		*inBlock = false
-		own := make([]T, len(out), 2*len(out))
+		own := make([]T, len(out), len(out)+max(1, d.countAhead(minBytes)))
 		copy(own, out)
 		return own
 	}
@@ -466,6 +472,23 @@ type arrayPool[T any] struct {
 	block []T
 	size  int // elements per block
 }
+
+// tensorsHint returns the capacity to decode the tensors array with, for
+// a long document: the "dtype" members that follow (every tensor has one,
+// and the byte sequence cannot occur inside a string, whose quotes are
+// escaped), at most one per minimal tensor encoding of what follows; 0
+// for a short document. A hint that is off (escaped member names, unknown
+// members of a newer minor) only costs growth or spare capacity.
+func (d *decoder) tensorsHint() int {
+	rest := d.data[d.pos:]
+	if len(rest) < 1<<20 {
+		return 0
+	}
+	return min(bytes.Count(rest, dtypeMember), len(rest)/minTensorBytes+1)
+}
+
+// dtypeMember is how a tensor's dtype member starts.
+var dtypeMember = []byte(`"dtype":`)
 
 // countAhead returns how many elements the array being decoded has from
 // s.pos on, bounded by one per minBytes of what remains: a count of the
