@@ -210,183 +210,152 @@ func readHead(data []byte) (format, version string, err error) {
 	return format, version, nil
 }
 
-func (d *decoder) checkpoint(c *Checkpoint) error {
-	it := d.open(topSchema, 0)
+// decodeObject decodes the object at s.pos with schema sc into v, field
+// decoding the value of each of its members by index.
+func decodeObject[T any](d *decoder, sc *schema, depth int, v *T, field func(*decoder, *T, int) error) error {
+	if err := d.objectStart(); err != nil {
+		return err
+	}
+	it := d.open(sc, depth)
 	for {
 		i, err := d.member(&it)
 		if err != nil || i < 0 {
 			return err
 		}
-		switch i {
-		case topFormat:
-			c.Format, err = d.string()
-		case topVersion:
-			c.Version, err = d.string()
-		case topWriter:
-			c.Writer, err = d.string()
-		case topCreatedAt:
-			err = d.time(&c.CreatedAt)
-		case topWorldSize:
-			c.WorldSize, err = d.int()
-		case topTensors:
-			c.Tensors, err = decodeArray(d, minTensorBytes, (*decoder).tensor, nil, d.tensorsHint())
-		case topBytes:
-			c.Bytes, err = decodeArray(d, minBytesBytes, (*decoder).bytesEntry, nil, 0)
-		case topObjects:
-			c.Objects, err = decodeArray(d, minObjectBytes, (*decoder).object, nil, 0)
-		case topTraining:
-			err = d.training(&c.Training, 1)
-		case topSeal:
-			c.MetadataCRC32C, err = d.uint32()
-		}
-		if err != nil {
+		if err := field(d, v, i); err != nil {
 			return err
 		}
 	}
+}
+
+func (d *decoder) checkpoint(c *Checkpoint) error {
+	return decodeObject(d, topSchema, 0, c, checkpointField)
+}
+
+func checkpointField(d *decoder, c *Checkpoint, i int) (err error) {
+	switch i {
+	case topFormat:
+		c.Format, err = d.string()
+	case topVersion:
+		c.Version, err = d.string()
+	case topWriter:
+		c.Writer, err = d.string()
+	case topCreatedAt:
+		err = d.time(&c.CreatedAt)
+	case topWorldSize:
+		c.WorldSize, err = d.int()
+	case topTensors:
+		c.Tensors, err = decodeArray(d, minTensorBytes, (*decoder).tensor, nil, d.tensorsHint())
+	case topBytes:
+		c.Bytes, err = decodeArray(d, minBytesBytes, (*decoder).bytesEntry, nil, 0)
+	case topObjects:
+		c.Objects, err = decodeArray(d, minObjectBytes, (*decoder).object, nil, 0)
+	case topTraining:
+		err = decodeObject(d, trainingSchema, 1, &c.Training, trainingField)
+	case topSeal:
+		c.MetadataCRC32C, err = d.uint32()
+	}
+	return err
 }
 
 func (d *decoder) tensor(t *TensorEntry) error {
-	if err := d.objectStart(); err != nil {
-		return err
+	return decodeObject(d, tensorSchema, 1, t, tensorField)
+}
+
+func tensorField(d *decoder, t *TensorEntry, i int) (err error) {
+	switch i {
+	case tensorKey:
+		t.Key, err = d.string()
+	case tensorDType:
+		t.DType, err = d.internedString()
+	case tensorShape:
+		t.Shape, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
+	case tensorChunks:
+		t.Chunks, err = decodeArray(d, minChunkBytes, (*decoder).chunk, &d.chunks, 0)
 	}
-	it := d.open(tensorSchema, 1)
-	for {
-		i, err := d.member(&it)
-		if err != nil || i < 0 {
-			return err
-		}
-		switch i {
-		case tensorKey:
-			t.Key, err = d.string()
-		case tensorDType:
-			t.DType, err = d.internedString()
-		case tensorShape:
-			t.Shape, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
-		case tensorChunks:
-			t.Chunks, err = decodeArray(d, minChunkBytes, (*decoder).chunk, &d.chunks, 0)
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return err
 }
 
 func (d *decoder) chunk(ch *Chunk) error {
-	if err := d.objectStart(); err != nil {
-		return err
+	return decodeObject(d, chunkSchema, 2, ch, chunkField)
+}
+
+func chunkField(d *decoder, ch *Chunk, i int) (err error) {
+	switch i {
+	case chunkOffsets:
+		ch.Offsets, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
+	case chunkSizes:
+		ch.Sizes, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
+	case chunkObject:
+		ch.Object, err = d.internedString()
+	case chunkOffset:
+		ch.Offset, err = d.int64()
+	case chunkLength:
+		ch.Length, err = d.int64()
+	case chunkCRC:
+		ch.CRC32C, err = d.uint32()
+	case chunkEncoding:
+		ch.Encoding, err = d.internedString()
 	}
-	it := d.open(chunkSchema, 2)
-	for {
-		i, err := d.member(&it)
-		if err != nil || i < 0 {
-			return err
-		}
-		switch i {
-		case chunkOffsets:
-			ch.Offsets, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
-		case chunkSizes:
-			ch.Sizes, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
-		case chunkObject:
-			ch.Object, err = d.internedString()
-		case chunkOffset:
-			ch.Offset, err = d.int64()
-		case chunkLength:
-			ch.Length, err = d.int64()
-		case chunkCRC:
-			ch.CRC32C, err = d.uint32()
-		case chunkEncoding:
-			ch.Encoding, err = d.internedString()
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return err
 }
 
 func (d *decoder) bytesEntry(b *BytesEntry) error {
-	if err := d.objectStart(); err != nil {
-		return err
+	return decodeObject(d, bytesSchema, 1, b, bytesField)
+}
+
+func bytesField(d *decoder, b *BytesEntry, i int) (err error) {
+	switch i {
+	case bytesKey:
+		b.Key, err = d.string()
+	case bytesObject:
+		b.Object, err = d.internedString()
+	case bytesOffset:
+		b.Offset, err = d.int64()
+	case bytesLength:
+		b.Length, err = d.int64()
+	case bytesCRC:
+		b.CRC32C, err = d.uint32()
+	case bytesEncoding:
+		b.Encoding, err = d.internedString()
 	}
-	it := d.open(bytesSchema, 1)
-	for {
-		i, err := d.member(&it)
-		if err != nil || i < 0 {
-			return err
-		}
-		switch i {
-		case bytesKey:
-			b.Key, err = d.string()
-		case bytesObject:
-			b.Object, err = d.internedString()
-		case bytesOffset:
-			b.Offset, err = d.int64()
-		case bytesLength:
-			b.Length, err = d.int64()
-		case bytesCRC:
-			b.CRC32C, err = d.uint32()
-		case bytesEncoding:
-			b.Encoding, err = d.internedString()
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return err
 }
 
 func (d *decoder) object(o *ObjectEntry) error {
-	if err := d.objectStart(); err != nil {
-		return err
-	}
-	it := d.open(objectSchema, 1)
-	for {
-		i, err := d.member(&it)
-		if err != nil || i < 0 {
-			return err
-		}
-		switch i {
-		case objectKey:
-			o.Key, err = d.internedString()
-		case objectSize:
-			o.Size, err = d.int64()
-		}
-		if err != nil {
-			return err
-		}
-	}
+	return decodeObject(d, objectSchema, 1, o, objectField)
 }
 
-func (d *decoder) training(t *TrainingState, depth int) error {
-	if err := d.objectStart(); err != nil {
-		return err
+func objectField(d *decoder, o *ObjectEntry, i int) (err error) {
+	switch i {
+	case objectKey:
+		o.Key, err = d.internedString()
+	case objectSize:
+		o.Size, err = d.int64()
 	}
-	it := d.open(trainingSchema, depth)
-	for {
-		i, err := d.member(&it)
-		if err != nil || i < 0 {
-			return err
-		}
-		switch i {
-		case trainIteration:
-			t.Iteration, err = d.int64()
-		case trainOptimizer:
-			t.Optimizer, err = d.string()
-		case trainOptimizerPrefix:
-			t.OptimizerPrefix, err = d.string()
-		case trainOptimizerSlots:
-			t.OptimizerSlots, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
-		case trainOptimizerStateEntries:
-			t.OptimizerStateEntries, err = d.int()
-		case trainSchedulerPrefix:
-			t.SchedulerPrefix, err = d.string()
-		case trainModelPrefix:
-			t.ModelPrefix, err = d.string()
-		case trainParams:
-			t.Params, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
-		}
-		if err != nil {
-			return err
-		}
+	return err
+}
+
+func trainingField(d *decoder, t *TrainingState, i int) (err error) {
+	switch i {
+	case trainIteration:
+		t.Iteration, err = d.int64()
+	case trainOptimizer:
+		t.Optimizer, err = d.string()
+	case trainOptimizerPrefix:
+		t.OptimizerPrefix, err = d.string()
+	case trainOptimizerSlots:
+		t.OptimizerSlots, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
+	case trainOptimizerStateEntries:
+		t.OptimizerStateEntries, err = d.int()
+	case trainSchedulerPrefix:
+		t.SchedulerPrefix, err = d.string()
+	case trainModelPrefix:
+		t.ModelPrefix, err = d.string()
+	case trainParams:
+		t.Params, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
 	}
+	return err
 }
 
 func stringElem(d *decoder, s *string) (err error) {

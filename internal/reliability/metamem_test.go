@@ -139,7 +139,7 @@ func TestHugeMetadataMemory(t *testing.T) {
 		limit = time.Minute
 	}
 	tried, survived := 0, 0
-	var failures, figures []string
+	var failures []string
 	worst := 0.0
 	for i, h := range hugeCorpus() {
 		runDir := filepath.Join(t.TempDir(), fmt.Sprint("run", i))
@@ -156,8 +156,8 @@ func TestHugeMetadataMemory(t *testing.T) {
 			res := run(t, limit, args...)
 			ratio := float64(res.maxRSS) / float64(budget)
 			worst = max(worst, ratio)
-			figures = append(figures, fmt.Sprintf("%s: ckpt %s: metadata %d MiB, peak RSS %d MiB (budget %d MiB), %.1f s, exit %d",
-				h.name, strings.Join(args[:len(args)-1], " "), mdSize>>20, res.maxRSS>>20, budget>>20, res.elapsed.Seconds(), res.code))
+			t.Logf("%s: ckpt %s: metadata %d MiB, peak RSS %d MiB (budget %d MiB), %.1f s, exit %d",
+				h.name, strings.Join(args[:len(args)-1], " "), mdSize>>20, res.maxRSS>>20, budget>>20, res.elapsed.Seconds(), res.code)
 			if res.code == 0 && !res.timedOut && res.maxRSS <= budget {
 				survived++
 				continue
@@ -165,9 +165,6 @@ func TestHugeMetadataMemory(t *testing.T) {
 			failures = append(failures, fmt.Sprintf("%s: ckpt %s: exit %d, timed out %v, RSS %d MiB over a budget of %d MiB: %.300s",
 				h.name, strings.Join(args, " "), res.code, res.timedOut, res.maxRSS>>20, budget>>20, res.errs))
 		}
-	}
-	for _, f := range figures {
-		t.Log(f)
 	}
 	record(row{Class: "huge valid metadata (verify, verify --deep, inspect, inspect --hash, latest)", Tried: tried, Survived: survived, Lost: tried - survived,
 		Note: fmt.Sprintf("4 documents; survived = exit 0 within %v and peak RSS <= 2x the metadata object + 256 MiB (worst %.2f of it)", limit, worst)})
