@@ -316,7 +316,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	var out []Finding
 	var checked atomic.Int64
 	batch := func() error {
-		n, found, err := c.deepCheckBatch(ctx, reqs, conc, &checked, total, progress)
+		n, found, err := c.deepCheckBatch(ctx, md, reqs, -1, 0, conc, &checked, total, progress)
 		read += n
 		out = append(out, found...)
 		reqs = reqs[:0]
@@ -326,6 +326,23 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	for i := range md.Tensors {
 		t := &md.Tensors[i]
 		if skipped(t) {
+			continue
+		}
+		if len(t.Chunks) > deepBatchChunks {
+			// A tensor of many chunks: planned a slice of its chunks at a
+			// time, through a metadata holding only that slice.
+			for a := 0; a < len(t.Chunks); a += deepBatchChunks {
+				part := *t
+				part.Chunks = t.Chunks[a:min(a+deepBatchChunks, len(t.Chunks))]
+				sub := &metadata.Checkpoint{Format: md.Format, Tensors: []metadata.TensorEntry{part}}
+				req := []planner.ReadRequest{{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape}}
+				n, found, err := c.deepCheckBatch(ctx, sub, req, i, a, conc, &checked, total, progress)
+				if err != nil {
+					return 0, nil, err
+				}
+				read += n
+				out = append(out, found...)
+			}
 			continue
 		}
 		reqs = append(reqs, planner.ReadRequest{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape})
@@ -344,13 +361,20 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	return read, out, nil
 }
 
-// deepCheckBatch reads and checks what reqs ask for; checked counts the
-// bytes checked (of total) for progress.
-func (c *Checkpoint) deepCheckBatch(ctx context.Context, reqs []planner.ReadRequest, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
-	md := c.md
+// deepCheckBatch reads and checks what reqs ask for of md; checked counts
+// the bytes checked (of total) for progress. With entry >= 0, md holds one
+// tensor, c's tensor entry, from its chunk base on.
+func (c *Checkpoint) deepCheckBatch(ctx context.Context, md *metadata.Checkpoint, reqs []planner.ReadRequest, entry, base int, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
 	plan, err := planner.PlanLoad(md, reqs, planner.LoadOptions{})
 	if err != nil {
 		return 0, nil, err
+	}
+	if entry >= 0 { // indices into c's metadata
+		for o := range plan.Ops {
+			for j := range plan.Ops[o].Chunks {
+				plan.Ops[o].Chunks[j].Entry, plan.Ops[o].Chunks[j].Chunk = entry, plan.Ops[o].Chunks[j].Chunk+base
+			}
+		}
 	}
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
