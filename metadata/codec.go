@@ -100,7 +100,9 @@ func (c *Checkpoint) emptyArrays() {
 // that differs from a known one only in case, a duplicate member in any
 // object, a missing required member, null where no array is, invalid UTF-8,
 // unknown members in a version it fully knows, and structurally invalid
-// content (see Validate).
+// content (see Validate). Equal short shapes, offsets and sizes of
+// different entries may share one backing array: the decoded value's
+// slices are read-only.
 func Decode(data []byte) (*Checkpoint, error) {
 	if len(data) > MaxSize {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrInvalid, len(data), MaxSize)

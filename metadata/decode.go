@@ -142,10 +142,12 @@ const (
 // decoder is the state of one Decode.
 type decoder struct {
 	strictScan
-	ints   arrayPool[int64] // shapes, offsets and sizes
-	strs   []byte           // the block short strings are copied into
-	intern map[string]string
-	chunks arrayPool[Chunk]
+	ints    arrayPool[int64] // shapes, offsets and sizes
+	recent  [3][4][]int64    // per role, the last distinct short integer arrays
+	nextIdx [3]int
+	strs    []byte // the block short strings are copied into
+	intern  map[string]string
+	chunks  arrayPool[Chunk]
 }
 
 func newDecoder(data []byte, strict bool) *decoder {
@@ -269,7 +271,7 @@ func tensorField(d *decoder, t *TensorEntry, i int) (err error) {
 	case tensorDType:
 		t.DType, err = d.internedString()
 	case tensorShape:
-		t.Shape, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
+		t.Shape, err = d.intArray(roleShape)
 	case tensorChunks:
 		t.Chunks, err = decodeArray(d, minChunkBytes, (*decoder).chunk, &d.chunks, 0)
 	}
@@ -283,9 +285,9 @@ func (d *decoder) chunk(ch *Chunk) error {
 func chunkField(d *decoder, ch *Chunk, i int) (err error) {
 	switch i {
 	case chunkOffsets:
-		ch.Offsets, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
+		ch.Offsets, err = d.intArray(roleOffsets)
 	case chunkSizes:
-		ch.Sizes, err = decodeArray(d, 2, int64Elem, &d.ints, 0)
+		ch.Sizes, err = d.intArray(roleSizes)
 	case chunkObject:
 		ch.Object, err = d.internedString()
 	case chunkOffset:
@@ -535,6 +537,36 @@ func (d *decoder) elem(a *arrIter) (bool, error) {
 	a.idx++
 	d.path[len(d.path)-1].index = a.idx
 	return true, nil
+}
+
+// Roles of integer arrays, each with its own cache of recent values.
+const (
+	roleShape = iota
+	roleOffsets
+	roleSizes
+)
+
+// intArray decodes an array of integers. A short one equal to one of the
+// last few of its role (the shape every tensor of a model repeats, the
+// sizes of equal shards) is that array: entries share it, read-only.
+func (d *decoder) intArray(role int) ([]int64, error) {
+	v, err := decodeArray(d, 2, int64Elem, &d.ints, 0)
+	if err != nil || v == nil || len(v) > 4 {
+		return v, err
+	}
+	rec := &d.recent[role]
+	for _, r := range rec {
+		if r != nil && slices.Equal(r, v) {
+			// v was decoded at the tail of the block: give its space back.
+			if n := len(d.ints.block); len(v) > 0 && n >= len(v) && &d.ints.block[n-len(v)] == &v[0] {
+				d.ints.block = d.ints.block[:n-len(v)]
+			}
+			return r, nil
+		}
+	}
+	rec[d.nextIdx[role]] = v
+	d.nextIdx[role] = (d.nextIdx[role] + 1) % len(rec)
+	return v, nil
 }
 
 func int64Elem(d *decoder, v *int64) (err error) {

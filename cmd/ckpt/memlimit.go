@@ -10,7 +10,7 @@ import (
 
 // heapHeadroom is how far the Go heap of a ckpt process may grow above the
 // heap that was live at the last garbage collection (see boundHeapGrowth).
-const heapHeadroom = 192 << 20
+const heapHeadroom = 128 << 20
 
 // boundHeapGrowth keeps the process's memory within the live heap plus
 // heapHeadroom, instead of Go's default of twice the live heap: after each
@@ -19,7 +19,8 @@ const heapHeadroom = 192 << 20
 // bytes and their decoded form, about the same size) is what a command
 // keeps live, so peak memory stays near 2x the metadata object + 256 MiB
 // whatever the document holds (docs/RELIABILITY.md), where the default
-// pacing allowed 4x. It does nothing when GOMEMLIMIT is set, and stops as
+// pacing allowed 4x. The headroom leaves room below that bound for the
+// runtime's own memory. It does nothing when GOMEMLIMIT is set, and stops as
 // soon as something else sets a limit (ckpt convert --max-memory).
 func boundHeapGrowth() {
 	if os.Getenv("GOMEMLIMIT") != "" {
