@@ -50,6 +50,6 @@ func boundHeapGrowth() {
 // it unreachable: large enough and with a pointer, so that it is not
 // batched with other tiny objects.
 type gcMark struct {
-	p   *int
-	pad [4]int64
+	_ *int
+	_ [4]int64
 }
