@@ -10,7 +10,7 @@ import (
 
 // heapHeadroom is how far the Go heap of a ckpt process may grow above the
 // heap that was live at the last garbage collection (see boundHeapGrowth).
-const heapHeadroom = 128 << 20
+const heapHeadroom = 96 << 20
 
 // boundHeapGrowth keeps the process's memory within the live heap plus
 // heapHeadroom, instead of Go's default of twice the live heap: after each

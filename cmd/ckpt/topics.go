@@ -50,7 +50,7 @@ gs:      Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS,
          emulator (no authentication)
 plugins: CKPTKIT_PLUGIN_DIR (as --plugin-dir); pins in DIR/ckptkit-plugins.lock
 memory:  GOMEMLIMIT replaces ckpt's own bound (heap within what the last
-         garbage collection found live + 128 MiB)
+         garbage collection found live + 96 MiB)
 
 On an access error, ckpt says which credentials it found (never their
 values), the endpoint and the region. -vv logs every storage request (each
