@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -98,6 +99,11 @@ type inspectOutput struct {
 	Values        []inspectBytes         `json:"values"`
 	Objects       []inspectObject        `json:"objects"`
 	Bytes         int64                  `json:"bytes"`
+
+	// md is the metadata whose tensors streamJSON writes (Tensors stays
+	// empty), sums their SHA-256 with --hash.
+	md   *metadata.Checkpoint
+	sums [][sha256.Size]byte
 }
 
 func newInspectCmd() *cobra.Command {
@@ -209,33 +215,83 @@ func (p *hashProgress) add(n int64) {
 }
 
 // describe lists c (the --json document); with hash it reads every tensor,
-// calling progress (when not nil) with the tensor bytes hashed so far.
+// calling progress (when not nil) with the tensor bytes hashed so far. The
+// tensors are not copied into the document: streamJSON writes them from
+// the metadata one at a time.
 func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
 	md := c.Metadata()
 	out := describeHead(c, from)
-	out.Tensors = make([]inspectTensor, 0, len(md.Tensors))
-	hp := newHashProgress(md, progress)
-	for i := range md.Tensors {
-		te := &md.Tensors[i]
-		it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Bytes: tensorBytes(te), Chunks: make([]inspectChunk, 0, len(te.Chunks))}
-		for _, ch := range te.Chunks {
-			ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
-			if ch.Encoding == metadata.EncodingRaw {
-				ic.CRC32C = crcHex(ch.CRC32C)
-			}
-			it.Chunks = append(it.Chunks, ic)
-		}
-		if hash {
-			sum, err := hashTensor(ctx, c, te)
-			if err != nil {
+	out.md = md
+	if hash {
+		out.sums = make([][sha256.Size]byte, len(md.Tensors))
+		hp := newHashProgress(md, progress)
+		for i := range md.Tensors {
+			h := sha256.New()
+			if err := c.WriteTensor(ctx, md.Tensors[i].Key, h); err != nil {
 				return nil, err
 			}
-			it.SHA256 = sum
-			hp.add(it.Bytes)
+			h.Sum(out.sums[i][:0])
+			hp.add(tensorBytes(&md.Tensors[i]))
 		}
-		out.Tensors = append(out.Tensors, it)
 	}
 	return out, nil
+}
+
+// tensorJSON is the --json entry of tensor i of o's metadata.
+func (o *inspectOutput) tensorJSON(i int) inspectTensor {
+	te := &o.md.Tensors[i]
+	it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Bytes: tensorBytes(te), Chunks: make([]inspectChunk, 0, len(te.Chunks))}
+	for _, ch := range te.Chunks {
+		ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
+		if ch.Encoding == metadata.EncodingRaw {
+			ic.CRC32C = crcHex(ch.CRC32C)
+		}
+		it.Chunks = append(it.Chunks, ic)
+	}
+	if o.sums != nil {
+		it.SHA256 = hex.EncodeToString(o.sums[i][:])
+	}
+	return it
+}
+
+// tensorsMember is how the document without tensors writes them.
+var tensorsMember = []byte(`"tensors":[]`)
+
+// streamJSON writes o as writeJSON would write it, the tensors encoded one
+// at a time (a copy of every chunk entry and the whole encoded document
+// cost several times the metadata).
+func (o *inspectOutput) streamJSON(w io.Writer) error {
+	if o.md == nil {
+		return encodeJSON(w, o)
+	}
+	head := *o
+	head.Tensors = []inspectTensor{}
+	var buf bytes.Buffer
+	if err := encodeJSON(&buf, &head); err != nil {
+		return err
+	}
+	doc := buf.Bytes()
+	at := bytes.Index(doc, tensorsMember) // cannot occur inside a string: its quotes are escaped
+	if at < 0 {
+		return encodeJSON(w, o)
+	}
+	split := at + len(tensorsMember) - 1
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.Write(doc[:split])
+	var elem bytes.Buffer
+	for i := range o.md.Tensors {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		elem.Reset()
+		it := o.tensorJSON(i)
+		if err := encodeJSON(&elem, &it); err != nil {
+			return err
+		}
+		bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
+	}
+	bw.Write(doc[split:])
+	return bw.Flush()
 }
 
 // distinctObjects counts the distinct objects of chunks without a map in

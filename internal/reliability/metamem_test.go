@@ -151,7 +151,7 @@ func TestHugeMetadataMemory(t *testing.T) {
 		}
 		mdSize := writeHugeCheckpoint(t, dir, writer, h)
 		budget := 2*mdSize + 256<<20
-		for _, args := range [][]string{{"verify", dir}, {"verify", "--deep", dir}, {"inspect", dir}, {"inspect", "--hash", dir}, {"latest", runDir}} {
+		for _, args := range [][]string{{"verify", dir}, {"verify", "--deep", dir}, {"inspect", dir}, {"inspect", "--hash", dir}, {"inspect", "--json", dir}, {"latest", runDir}} {
 			tried++
 			res := run(t, limit, args...)
 			ratio := float64(res.maxRSS) / float64(budget)
@@ -166,7 +166,7 @@ func TestHugeMetadataMemory(t *testing.T) {
 				h.name, strings.Join(args, " "), res.code, res.timedOut, res.maxRSS>>20, budget>>20, res.errs))
 		}
 	}
-	record(row{Class: "huge valid metadata (verify, verify --deep, inspect, inspect --hash, latest)", Tried: tried, Survived: survived, Lost: tried - survived,
+	record(row{Class: "huge valid metadata (verify, verify --deep, inspect, inspect --hash, inspect --json, latest)", Tried: tried, Survived: survived, Lost: tried - survived,
 		Note: fmt.Sprintf("4 documents; survived = exit 0 within %v and peak RSS <= 2x the metadata object + 256 MiB (worst %.2f of it)", limit, worst)})
 	require.Empty(t, failures)
 }
