@@ -237,60 +237,93 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool,
 	return out, nil
 }
 
-// tensorJSON is the --json entry of tensor i of o's metadata.
+// tensorJSON is the --json entry of tensor i of o's metadata, without its
+// chunks (chunkJSON).
 func (o *inspectOutput) tensorJSON(i int) inspectTensor {
 	te := &o.md.Tensors[i]
-	it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Bytes: tensorBytes(te), Chunks: make([]inspectChunk, 0, len(te.Chunks))}
-	for _, ch := range te.Chunks {
-		ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
-		if ch.Encoding == metadata.EncodingRaw {
-			ic.CRC32C = crcHex(ch.CRC32C)
-		}
-		it.Chunks = append(it.Chunks, ic)
-	}
+	it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Bytes: tensorBytes(te), Chunks: []inspectChunk{}}
 	if o.sums != nil {
 		it.SHA256 = hex.EncodeToString(o.sums[i][:])
 	}
 	return it
 }
 
-// tensorsMember is how the document without tensors writes them.
-var tensorsMember = []byte(`"tensors":[]`)
+// chunkJSON is the --json entry of a chunk.
+func chunkJSON(ch *metadata.Chunk) inspectChunk {
+	ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
+	if ch.Encoding == metadata.EncodingRaw {
+		ic.CRC32C = crcHex(ch.CRC32C)
+	}
+	return ic
+}
 
-// streamJSON writes o as writeJSON would write it, the tensors encoded one
-// at a time (a copy of every chunk entry and the whole encoded document
-// cost several times the metadata).
+// tensorsMember and chunksMember are how a document without tensors and a
+// tensor without chunks write them: the sequences cannot occur inside a
+// string, whose quotes are escaped.
+var (
+	tensorsMember = []byte(`"tensors":[]`)
+	chunksMember  = []byte(`"chunks":[]`)
+)
+
+// spliceArray writes doc with the empty array member replaced by the
+// elements each writes (nil: member not found).
+func spliceArray(w *bufio.Writer, doc, member []byte, n int, each func(i int) error) error {
+	at := bytes.Index(doc, member)
+	if at < 0 {
+		return fmt.Errorf("inspect: no %s in the document", member)
+	}
+	split := at + len(member) - 1
+	w.Write(doc[:split])
+	for i := range n {
+		if i > 0 {
+			w.WriteByte(',')
+		}
+		if err := each(i); err != nil {
+			return err
+		}
+	}
+	_, err := w.Write(doc[split:])
+	return err
+}
+
+// streamJSON writes o as writeJSON would write it, each tensor and each
+// chunk encoded on its own from the metadata (a copy of every chunk entry
+// and the whole encoded document cost several times the metadata).
 func (o *inspectOutput) streamJSON(w io.Writer) error {
 	if o.md == nil {
 		return encodeJSON(w, o)
 	}
 	head := *o
 	head.Tensors = []inspectTensor{}
-	var buf bytes.Buffer
+	var buf, elem bytes.Buffer
 	if err := encodeJSON(&buf, &head); err != nil {
 		return err
 	}
-	doc := buf.Bytes()
-	at := bytes.Index(doc, tensorsMember) // cannot occur inside a string: its quotes are escaped
-	if at < 0 {
-		return encodeJSON(w, o)
-	}
-	split := at + len(tensorsMember) - 1
 	bw := bufio.NewWriterSize(w, 64<<10)
-	bw.Write(doc[:split])
-	var elem bytes.Buffer
-	for i := range o.md.Tensors {
-		if i > 0 {
-			bw.WriteByte(',')
-		}
+	// encode appends v's JSON without encodeJSON's newline to bw.
+	encode := func(v any) error {
 		elem.Reset()
-		it := o.tensorJSON(i)
-		if err := encodeJSON(&elem, &it); err != nil {
+		if err := encodeJSON(&elem, v); err != nil {
 			return err
 		}
-		bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
+		_, err := bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
+		return err
 	}
-	bw.Write(doc[split:])
+	err := spliceArray(bw, buf.Bytes(), tensorsMember, len(o.md.Tensors), func(i int) error {
+		it := o.tensorJSON(i)
+		var tb bytes.Buffer
+		if err := encodeJSON(&tb, &it); err != nil {
+			return err
+		}
+		chunks := o.md.Tensors[i].Chunks
+		return spliceArray(bw, bytes.TrimSuffix(tb.Bytes(), []byte("\n")), chunksMember, len(chunks), func(j int) error {
+			ic := chunkJSON(&chunks[j])
+			return encode(&ic)
+		})
+	})
+	if err != nil {
+		return err
+	}
 	return bw.Flush()
 }
 
