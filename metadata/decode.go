@@ -288,16 +288,8 @@ func chunkField(d *decoder, ch *Chunk, i int) (err error) {
 		ch.Offsets, err = d.intArray(roleOffsets)
 	case chunkSizes:
 		ch.Sizes, err = d.intArray(roleSizes)
-	case chunkObject:
-		ch.Object, err = d.internedString()
-	case chunkOffset:
-		ch.Offset, err = d.int64()
-	case chunkLength:
-		ch.Length, err = d.int64()
-	case chunkCRC:
-		ch.CRC32C, err = d.uint32()
-	case chunkEncoding:
-		ch.Encoding, err = d.internedString()
+	default:
+		err = placeField(d, i-chunkObject, &ch.Object, &ch.Offset, &ch.Length, &ch.CRC32C, &ch.Encoding)
 	}
 	return err
 }
@@ -307,19 +299,28 @@ func (d *decoder) bytesEntry(b *BytesEntry) error {
 }
 
 func bytesField(d *decoder, b *BytesEntry, i int) (err error) {
-	switch i {
-	case bytesKey:
+	if i == bytesKey {
 		b.Key, err = d.string()
-	case bytesObject:
-		b.Object, err = d.internedString()
-	case bytesOffset:
-		b.Offset, err = d.int64()
-	case bytesLength:
-		b.Length, err = d.int64()
-	case bytesCRC:
-		b.CRC32C, err = d.uint32()
-	case bytesEncoding:
-		b.Encoding, err = d.internedString()
+		return err
+	}
+	return placeField(d, i-bytesObject, &b.Object, &b.Offset, &b.Length, &b.CRC32C, &b.Encoding)
+}
+
+// placeField decodes member k of where an item's bytes are stored, the
+// members chunks and bytes entries share in this order: object, offset,
+// length, crc32c, encoding.
+func placeField(d *decoder, k int, object *string, offset, length *int64, crc *uint32, encoding *string) (err error) {
+	switch k {
+	case 0:
+		*object, err = d.internedString()
+	case 1:
+		*offset, err = d.int64()
+	case 2:
+		*length, err = d.int64()
+	case 3:
+		*crc, err = d.uint32()
+	case 4:
+		*encoding, err = d.internedString()
 	}
 	return err
 }
