@@ -132,7 +132,29 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 		ix  chunkIndex
 		pos []int32 // chunk -> index in need, -1 if not needed yet; nil until the tensor is requested
 	}
-	tensors := make([]entryState, len(md.Tensors))
+	// Per requested tensor: a slice over all tensors when most are
+	// requested (a map per tensor cost more than the rest of planning),
+	// a map when a few are (a deep verify plans in batches: a slice of
+	// every tensor per batch would cost the whole metadata each time).
+	var dense []entryState
+	var sparse map[int]int
+	var sparseStates blockList[entryState]
+	if len(reqs) >= len(md.Tensors)/8 {
+		dense = make([]entryState, len(md.Tensors))
+	} else {
+		sparse = make(map[int]int, len(reqs))
+	}
+	stateOf := func(ti int) *entryState {
+		if dense != nil {
+			return &dense[ti]
+		}
+		k, ok := sparse[ti]
+		if !ok {
+			k = sparseStates.push(entryState{})
+			sparse[ti] = k
+		}
+		return sparseStates.at(k)
+	}
 	var ids slab[int32]
 	var starts slab[int64]
 	bytesPos := make(map[int]int32)
@@ -188,7 +210,7 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 			if statedict.NumElements(r.Sizes) == 0 {
 				continue
 			}
-			st := &tensors[ti]
+			st := stateOf(ti)
 			if st.pos == nil {
 				st.ix = newChunkIndex(te, &ids, &starts)
 				st.pos = ids.take(len(te.Chunks))
