@@ -36,7 +36,9 @@ type Driver interface {
 	// Store, r is an exact-size body: it yields exactly size bytes and then
 	// io.EOF, or fails (a short or over-long source, a cancelled ctx), and
 	// the Store is the one place that checks this; a driver only has to
-	// publish nothing when r fails.
+	// publish nothing when r fails. The body may be an io.WriterTo (for a
+	// SlicesReader or bytes.Reader source), which writes the caller's
+	// bytes to the writer given without an intermediate buffer.
 	Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error
 
 	// Stat returns the attributes of key, or CodeNotFound.
@@ -117,6 +119,12 @@ type Capabilities struct {
 	Multipart   bool
 	PartSize    int64
 	Concurrency int
+	// StreamedPutBytes: a Put of at most this many bytes streams its body
+	// to the service as it reads it, without a copy in a buffer of the
+	// driver's or its SDK's (0: no such promise; a driver copies a body
+	// into part buffers or upload chunks above it). The async saver stages
+	// objects up to this size in its budget without room for a copy.
+	StreamedPutBytes int64
 }
 
 // Remainer is implemented by readers that know, before the first Read, how

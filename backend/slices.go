@@ -33,6 +33,10 @@ const hashPiece = 256 << 10
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// writePiece is the most WriteTo hands to one Write when it does not hash:
+// few system calls per object.
+const writePiece = 8 << 20
+
 // HashItems turns on the CRC32C of items of the given lengths, back to
 // back from the start, computed as they are read; ItemCRCs returns them.
 func (r *SlicesReader) HashItems(lengths []int64) *SlicesReader {
@@ -109,6 +113,56 @@ func (r *SlicesReader) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// Len returns the number of bytes not yet read (as bytes.Reader.Len).
+func (r *SlicesReader) Len() int { return int(r.size - r.pos) }
+
+// WriteTo implements io.WriterTo: it writes the bytes not yet read to w
+// straight from the parts, without copying them into a buffer first (a
+// file system driver's write then copies each byte once, into the page
+// cache). With HashItems on, it writes pieces of at most 256 KiB and hashes
+// each right after the write, while the write has left it in the cache
+// (hashing first would read it from memory twice as slowly); otherwise
+// pieces of at most 8 MiB. On an error the reader stays at the first byte
+// not written, so a Seek can rewind it for a retry.
+func (r *SlicesReader) WriteTo(w io.Writer) (int64, error) {
+	piece := writePiece
+	if r.ends != nil {
+		piece = hashPiece
+	}
+	var total int64
+	for r.idx < len(r.parts) {
+		src := r.parts[r.idx][r.off:]
+		if len(src) == 0 {
+			r.idx, r.off = r.idx+1, 0
+			continue
+		}
+		if len(src) > piece {
+			src = src[:piece]
+		}
+		n, err := w.Write(src)
+		if n > len(src) || n < 0 {
+			n = 0
+		}
+		if err == nil && n < len(src) {
+			err = io.ErrShortWrite
+		}
+		if r.ends != nil {
+			r.hash(r.pos, src[:n])
+		}
+		total += int64(n)
+		r.off += int64(n)
+		r.pos += int64(n)
+		if r.off == int64(len(r.parts[r.idx])) {
+			r.idx++
+			r.off = 0
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // Seek implements io.Seeker.

@@ -271,10 +271,7 @@ func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dst
 				got += int64(k)
 			}
 			for p := 0; tap != nil && p < len(dst) && err == nil; p += TapPiece {
-				piece := dst[p:min(p+TapPiece, len(dst))]
-				if k, err = io.ReadFull(rc, piece); err == nil {
-					_, err = tap.Write(piece)
-				}
+				k, err = readTapped(rc, dst[p:min(p+TapPiece, len(dst))], tap)
 				got += int64(k)
 			}
 			if err != nil {
@@ -294,6 +291,34 @@ func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dst
 		}
 		return nil
 	})
+}
+
+// readTapped fills buf from r like io.ReadFull, handing tap the bytes of
+// every Read as soon as it returns (a socket delivers a piece in many
+// reads; a file in one), so the tap sees them while they are most likely
+// still in the cache.
+func readTapped(r io.Reader, buf []byte, tap Tap) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := r.Read(buf[n:])
+		if k > 0 {
+			if _, terr := tap.Write(buf[n : n+k]); terr != nil {
+				return n, terr
+			}
+			n += k
+		}
+		switch {
+		case n == len(buf):
+			return n, nil
+		case err == io.EOF && n == 0:
+			return 0, io.EOF
+		case err == io.EOF:
+			return n, io.ErrUnexpectedEOF
+		case err != nil:
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // ReadAll reads the whole object, refusing objects larger than limit bytes
@@ -355,7 +380,11 @@ func readAllSized(r io.Reader, n int64) ([]byte, error) {
 // atomicity contract. The Store enforces the declared size itself: a source
 // that ends early or delivers more fails with ErrSizeMismatch and nothing is
 // published. When r is an io.Seeker, transient failures are retried after
-// rewinding it.
+// rewinding it. When r also knows its length and can write itself
+// (Len and WriteTo: a SlicesReader, a bytes.Reader), a length other than
+// size is refused before anything is sent, and the driver's body has a
+// WriteTo too, so a driver writing to a file takes the caller's bytes
+// directly.
 func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error {
 	full, err := s.full(key)
 	if err != nil {
@@ -376,6 +405,10 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 	}
 	attempt := func(ctx context.Context) error {
 		sr := &sizedReader{ctx: ctx, r: r, remaining: size}
+		var body io.Reader = sr
+		if wt, ok := r.(lenWriterTo); ok && size > 0 {
+			body = &sizedWriterTo{sizedReader: sr, src: wt}
+		}
 		if size == 0 {
 			// A driver may publish an empty object without reading the body
 			// at all, so an over-long source must be caught here, first.
@@ -383,7 +416,7 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 				return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(err), Err: err}
 			}
 		}
-		err := s.drv.Put(ctx, full, size, sr, opts)
+		err := s.drv.Put(ctx, full, size, body, opts)
 		if sr.err != nil && err != nil {
 			// The source's failure is the cause (the driver's error only
 			// echoes it); a cancellation that came first is said too.
@@ -506,6 +539,59 @@ func (z *sizedReader) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// lenWriterTo is a Put source that knows how many bytes it still holds
+// and can write them itself (SlicesReader, bytes.Reader): the Store checks
+// its length against the declared size up front and hands the driver a
+// body with a WriteTo, so a driver that writes to a file can take the
+// caller's bytes directly instead of copying them through a buffer.
+type lenWriterTo interface {
+	io.WriterTo
+	Len() int
+}
+
+// sizedWriterTo is the exact-size body of a lenWriterTo source: Read as
+// sizedReader, plus a WriteTo that refuses a source of another length
+// before writing anything and stops between writes once ctx ends.
+type sizedWriterTo struct {
+	*sizedReader
+	src lenWriterTo
+}
+
+// WriteTo implements io.WriterTo. An error of w is returned as is (the
+// destination failed, not the source); a source of the wrong length or a
+// cancelled ctx is the source's error, as with Read.
+func (z *sizedWriterTo) WriteTo(w io.Writer) (int64, error) {
+	if z.err != nil {
+		return 0, z.err
+	}
+	if n := int64(z.src.Len()); n != z.remaining {
+		z.err = fmt.Errorf("source holds %d bytes, %d declared: %w", n, z.remaining, ErrSizeMismatch)
+		return 0, z.err
+	}
+	n, err := z.src.WriteTo(ctxWriter{z: z.sizedReader, w: w})
+	z.remaining -= n
+	if err == nil && z.remaining != 0 {
+		z.err = fmt.Errorf("source ended %d bytes early: %w", z.remaining, ErrSizeMismatch)
+		err = z.err
+	}
+	return n, err
+}
+
+// ctxWriter fails a write once z's context has ended, recording the
+// cancellation as the source's error (as sizedReader.Read does).
+type ctxWriter struct {
+	z *sizedReader
+	w io.Writer
+}
+
+func (c ctxWriter) Write(p []byte) (int, error) {
+	if err := c.z.ctx.Err(); err != nil {
+		c.z.err = err
+		return 0, err
+	}
+	return c.w.Write(p)
 }
 
 // checkExhausted peeks one byte past the declared size.

@@ -2,6 +2,7 @@ package saver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,12 @@ type AsyncOptions struct {
 	// RefuseWhileBusy makes a save that starts while the previous one is in
 	// flight fail with ErrSaveInFlight; by default it waits for it.
 	RefuseWhileBusy bool
+	// Prefault maps and touches the whole staging pool in NewSaver, so that
+	// no save, the first one included, takes a page fault while it copies
+	// (the pool then holds StagingBytes of memory from the start). By
+	// default the pool's pages are faulted in by the first saves that use
+	// them.
+	Prefault bool
 }
 
 // A Saver runs asynchronous saves: SaveAsync returns once the state is
@@ -53,7 +60,11 @@ func NewSaver(opts AsyncOptions) (*Saver, error) {
 	if budget < MinStagingBytes {
 		return nil, ckpterr.WithClass(fmt.Errorf("saver: staging budget %d bytes is below the minimum of %d", budget, MinStagingBytes), ckpterr.Usage)
 	}
-	return &Saver{stg: newStager(budget), refuse: opts.RefuseWhileBusy}, nil
+	stg, err := newStager(budget, opts.Prefault)
+	if err != nil {
+		return nil, err
+	}
+	return &Saver{stg: stg, refuse: opts.RefuseWhileBusy}, nil
 }
 
 // State is where an asynchronous save stands.
@@ -221,21 +232,14 @@ func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*R
 // waitIdle waits for the save in flight (or refuses), then returns the
 // failure of the previous save if no save call returned it yet.
 func (s *Saver) waitIdle(ctx context.Context) error {
-	s.mu.Lock()
-	cur := s.cur
-	s.mu.Unlock()
-	if cur != nil {
+	if cur := s.inFlight(); cur != nil {
+		if s.refuse {
+			return fmt.Errorf("saver: %w (started %s ago)", ErrSaveInFlight, time.Since(cur.start).Round(time.Millisecond))
+		}
 		select {
 		case <-cur.done:
-		default:
-			if s.refuse {
-				return fmt.Errorf("saver: %w (started %s ago)", ErrSaveInFlight, time.Since(cur.start).Round(time.Millisecond))
-			}
-			select {
-			case <-cur.done:
-			case <-ctx.Done():
-				return fmt.Errorf("saver: waiting for the previous save: %w", ctx.Err())
-			}
+		case <-ctx.Done():
+			return fmt.Errorf("saver: waiting for the previous save: %w", ctx.Err())
 		}
 	}
 	s.mu.Lock()
@@ -264,7 +268,9 @@ func (s *Saver) Wait(ctx context.Context) (*Result, error) {
 type Stats struct {
 	// BudgetBytes is the staging budget (rounded down to whole pages).
 	BudgetBytes int64
-	// PoolBytes is the memory of the pool's pages (held or free).
+	// PoolBytes is the memory of the pool's pages handed out at least once
+	// since the pool was mapped, held or free (the whole budget with
+	// AsyncOptions.Prefault); 0 after Close.
 	PoolBytes int64
 	// HeldBytes is the memory staged objects hold right now.
 	HeldBytes int64
@@ -278,12 +284,30 @@ func (s *Saver) Stats() Stats {
 }
 
 // Close waits for the save in flight (returning its failure if no save
-// call returned it yet) and releases the staging pool; the Saver stays
-// usable and allocates a new pool on its next save.
+// call returned it yet) and returns the staging pool's memory to the
+// operating system; the Saver stays usable and maps a new pool on its next
+// save. If ctx ends first (or the Saver refuses to wait), the save goes
+// on and keeps the pool.
 func (s *Saver) Close(ctx context.Context) error {
-	if err := s.waitIdle(ctx); err != nil {
+	err := s.waitIdle(ctx)
+	if s.inFlight() != nil {
 		return err
 	}
-	s.stg.drop()
-	return nil
+	return errors.Join(err, s.stg.drop())
+}
+
+// inFlight returns the newest save if it has not finished, else nil.
+func (s *Saver) inFlight() *Handle {
+	s.mu.Lock()
+	cur := s.cur
+	s.mu.Unlock()
+	if cur == nil {
+		return nil
+	}
+	select {
+	case <-cur.done:
+		return nil
+	default:
+		return cur
+	}
 }

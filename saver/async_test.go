@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -324,6 +325,7 @@ func budgetSmallerThanState(t *testing.T, run *backend.Store) {
 	debug.FreeOSMemory()
 	base := rss(t)
 	stop := sampleRSS(t)
+	allocs0 := heapAllocs()
 	var last *saver.Result
 	for i := range 3 {
 		st, err := run.Sub(fmt.Sprintf("step-%d", i))
@@ -334,12 +336,26 @@ func budgetSmallerThanState(t *testing.T, run *backend.Store) {
 		require.NoError(t, err)
 	}
 	peak := stop()
+	garbage := heapAllocs() - allocs0
 	above := peak - base
-	t.Logf("%s: state %d MiB, budget %d MiB: peak RSS %d MiB above the state, staging peak %d MiB, pool %d MiB, %d objects",
-		run, stateBytes(sd)>>20, budget>>20, above>>20, s.Stats().PeakBytes>>20, s.Stats().PoolBytes>>20, len(last.Metadata.Objects))
+	saved := 3 * stateBytes(sd)
+	t.Logf("%s: state %d MiB, budget %d MiB: peak RSS %d MiB above the state, staging peak %d MiB, pool %d MiB, %d objects; heap allocations %.1f%% of the bytes saved",
+		run, stateBytes(sd)>>20, budget>>20, above>>20, s.Stats().PeakBytes>>20, s.Stats().PoolBytes>>20, len(last.Metadata.Objects), 100*float64(garbage)/float64(saved))
 	require.LessOrEqual(t, above, int64(budget+64<<20))
 	require.LessOrEqual(t, s.Stats().PeakBytes, int64(budget))
 	require.LessOrEqual(t, s.Stats().PoolBytes, int64(budget))
+	// The pool lives outside the Go heap and the drivers stream staged
+	// pages: what the saves allocate is bookkeeping, not copies of the
+	// data (the S3 driver's signed payload chunks made it 21% here, 9% at
+	// 1 GiB: garbage that the GC collects late when the state is a large
+	// live heap, so it showed as RSS above the budget).
+	require.Less(t, garbage, saved/20, "heap allocations above 5 percent of the bytes saved")
+	if run.Capabilities().StreamedPutBytes > 0 {
+		// The object store streams these objects: no room kept for an
+		// SDK copy, so staging uses the whole budget (it used to stop at
+		// half of it).
+		require.Greater(t, s.Stats().PeakBytes, int64(budget/2))
+	}
 
 	// Every object fits in a writer's share; the big tensors were cut.
 	for _, o := range last.Metadata.Objects {
@@ -383,6 +399,14 @@ func TestAsyncObjectsFitOnePart(t *testing.T) {
 		require.LessOrEqual(t, o.Size, int64(part), o.Key)
 	}
 	require.Equal(t, snapshot(sd), loadAll(t, st, sd))
+}
+
+// heapAllocs is the bytes allocated on the Go heap since the process
+// started.
+func heapAllocs() int64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
 }
 
 func stateBytes(sd *statedict.StateDict) int64 {
@@ -490,4 +514,30 @@ func TestSIGKILLDuringBackgroundWrite(t *testing.T) {
 func TestNewSaverRejectsATinyBudget(t *testing.T) {
 	_, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: 1000})
 	require.Error(t, err)
+}
+
+// With Prefault the whole pool is mapped and faulted in by NewSaver; saves
+// use it as it is, and Close returns it (the Saver maps a new one on its
+// next save).
+func TestAsyncPrefaultAndClose(t *testing.T) {
+	ctx := context.Background()
+	const budget = 8 << 20
+	s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: budget, Prefault: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(budget), s.Stats().PoolBytes, "mapped and faulted in up front")
+	sd := bigState(4, 6<<20)
+	for i := range 2 {
+		st, err := store(t).Sub(fmt.Sprintf("step-%d", i))
+		require.NoError(t, err)
+		want := snapshot(sd)
+		h, err := s.SaveLocalAsync(ctx, st, []*statedict.StateDict{sd}, saver.Options{Iteration: int64(i)})
+		require.NoError(t, err)
+		mutate(sd)
+		_, err = h.Wait(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, loadAll(t, st, sd))
+		require.Equal(t, int64(budget), s.Stats().PoolBytes, "the pool does not grow")
+		require.NoError(t, s.Close(ctx))
+		require.Zero(t, s.Stats().PoolBytes, "Close returns the pool")
+	}
 }

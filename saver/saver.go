@@ -311,7 +311,12 @@ func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 		// Objects of at most a writer's share of the budget, so each can
 		// stay staged until its Put returns (a retry rewinds it).
 		share := stg.pool.share(opts.Concurrency)
-		if caps := st.Capabilities(); caps.Multipart {
+		switch caps := st.Capabilities(); {
+		case caps.StreamedPutBytes > 0:
+			// Objects the driver streams without a copy of its own (an S3
+			// single PUT): the staged pages are the only copy.
+			share = min(share, caps.StreamedPutBytes)
+		case caps.Multipart:
 			// An object store's SDK may hold a copy of a request body (a
 			// part buffer, a chunk, a body kept for signing): objects stay
 			// within one part, and each upload reserves its size again
@@ -488,7 +493,12 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 	// The whole-object CRC costs a second pass over the bytes; only
 	// backends that verify it server-side get one.
 	objectCRC := st.Capabilities().ServerCRC32C
-	sdkCopy := st.Capabilities().Multipart // the upload may be copied once more
+	// Whether the upload of an object of size bytes may be copied once more
+	// by the driver or its SDK (see save).
+	caps := st.Capabilities()
+	sdkCopy := func(size int64) bool {
+		return caps.Multipart && (caps.StreamedPutBytes == 0 || size > caps.StreamedPutBytes)
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(cctx)
@@ -503,7 +513,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 		body, release := parts, func() {}
 		if stg != nil {
 			var reserve int64
-			if sdkCopy {
+			if sdkCopy(w.Size) {
 				reserve = w.Size
 			}
 			if body, release, err = stg.pool.stage(gctx, w.Size, reserve, parts, stg.gate); err != nil {

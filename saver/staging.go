@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
 )
@@ -35,27 +36,59 @@ const (
 	maxPage = 1 << 20
 )
 
-// stager holds the staging pool of a Saver: pages allocated on demand,
-// never more than the budget in all, reused from save to save. An object
+// stager holds the staging pool of a Saver: one block of memory of the
+// budget's size outside the Go heap (bufpool.Map: huge pages where the
+// system allows them), mapped on first use and cut into pages, which are
+// handed out as saves need them and reused from save to save. An object
 // is staged into whole pages it holds until its Put returns, so a Store
 // retry can rewind the body.
 type stager struct {
-	budget int64 // in bytes, a multiple of page
-	page   int64
-	sem    *semaphore.Weighted // counts pages
+	budget   int64 // in bytes, a multiple of page
+	page     int64
+	sem      *semaphore.Weighted // counts pages
+	prefault bool
 
 	mu   sync.Mutex
+	mem  *bufpool.Mapped // nil until first use, and after drop
+	next int64           // offset in mem of the first page never handed out
 	free [][]byte
 
-	allocated atomic.Int64 // bytes of pages ever allocated (the pool)
+	allocated atomic.Int64 // bytes of pages ever handed out (the pool)
 	held      atomic.Int64 // bytes of pages held by objects right now
 	peak      atomic.Int64 // high-water mark of held
 }
 
-func newStager(budget int64) *stager {
+func newStager(budget int64, prefault bool) (*stager, error) {
 	page := min(max(budget/64, minPage), maxPage)
 	pages := budget / page
-	return &stager{budget: pages * page, page: page, sem: semaphore.NewWeighted(pages)}
+	s := &stager{budget: pages * page, page: page, sem: semaphore.NewWeighted(pages), prefault: prefault}
+	if prefault {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err := s.mapLocked(); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// mapLocked maps the pool's memory (s.mu held); with prefault, every page
+// is touched now and counted as allocated.
+func (s *stager) mapLocked() error {
+	m, err := bufpool.Map(int(s.budget))
+	if err != nil {
+		return fmt.Errorf("saver: staging pool: %w", err)
+	}
+	s.mem, s.next = m, 0
+	if s.prefault {
+		m.Prefault()
+		for s.next < s.budget {
+			s.free = append(s.free, m.Bytes()[s.next:s.next+s.page:s.next+s.page])
+			s.next += s.page
+		}
+		s.allocated.Store(s.budget)
+	}
+	return nil
 }
 
 // share is the largest object a rank writing with the given upload
@@ -114,7 +147,11 @@ func (s *stager) stage(ctx context.Context, size, reserve int64, parts [][]byte,
 			return nil, nil, err
 		}
 	}
-	pages := s.take(int(n))
+	pages, err := s.take(int(n))
+	if err != nil {
+		s.sem.Release(units)
+		return nil, nil, err
+	}
 	held := s.held.Add(n * s.page)
 	for {
 		p := s.peak.Load()
@@ -183,19 +220,26 @@ func copyRange(pages, parts [][]byte, page, lo, hi int64) {
 	}
 }
 
-// take returns n pages from the free list, allocating the missing ones (the
-// semaphore already guarantees the pool stays within the budget).
-func (s *stager) take(n int) [][]byte {
+// take returns n pages: free ones first, then pages of the memory never
+// handed out (the semaphore already guarantees the pool stays within the
+// budget).
+func (s *stager) take(n int) ([][]byte, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mem == nil {
+		if err := s.mapLocked(); err != nil {
+			return nil, err
+		}
+	}
 	k := min(n, len(s.free))
 	out := slices.Clone(s.free[len(s.free)-k:])
 	s.free = s.free[:len(s.free)-k]
-	s.mu.Unlock()
 	for len(out) < n {
-		out = append(out, make([]byte, s.page))
+		out = append(out, s.mem.Bytes()[s.next:s.next+s.page:s.next+s.page])
+		s.next += s.page
 		s.allocated.Add(s.page)
 	}
-	return out
+	return out, nil
 }
 
 func (s *stager) give(pages [][]byte) {
@@ -204,13 +248,19 @@ func (s *stager) give(pages [][]byte) {
 	s.mu.Unlock()
 }
 
-// drop forgets the free pages (the garbage collector returns them to the
-// operating system); pages held by a running save come back later.
-func (s *stager) drop() {
+// drop returns the pool's memory to the operating system when no page is
+// held (Close calls it once the save in flight is done); the next save
+// maps it again.
+func (s *stager) drop() error {
 	s.mu.Lock()
-	s.allocated.Add(-int64(len(s.free)) * s.page)
-	s.free = nil
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	if s.mem == nil || s.held.Load() != 0 {
+		return nil
+	}
+	err := s.mem.Unmap()
+	s.mem, s.next, s.free = nil, 0, nil
+	s.allocated.Store(0)
+	return err
 }
 
 // splitItems returns the local plan with every tensor item larger than

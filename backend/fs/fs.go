@@ -246,25 +246,25 @@ func isGone(err error) bool {
 // few system calls (io.Copy's default is 32 KiB).
 var copyBufs = bufpool.New(1 << 20)
 
-// onlyWriter hides *os.File's ReadFrom, which would bypass the buffer.
-type onlyWriter struct{ w io.Writer }
-
-func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
-
-// ctxReader fails with the context's error between reads once ctx ends.
-type ctxReader struct {
+// fileWriter writes an object's body to its temporary file, failing with
+// the context's error between writes once ctx ends. It has no ReadFrom, so
+// io.CopyBuffer uses its buffer.
+type fileWriter struct {
 	ctx context.Context
-	r   io.Reader
+	f   *os.File
 }
 
-func (r ctxReader) Read(p []byte) (int, error) {
-	if err := r.ctx.Err(); err != nil {
+func (w fileWriter) Write(p []byte) (int, error) {
+	if err := w.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return r.r.Read(p)
+	return w.f.Write(p)
 }
 
-// Put implements backend.Driver: temp file, copy, fsync, publish, fsync dir.
+// Put implements backend.Driver: temp file, write, fdatasync, publish,
+// fsync dir. A body that is an io.WriterTo (the Store's body of a
+// backend.SlicesReader) writes its bytes to the file itself, with no copy
+// buffer in between.
 func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -296,15 +296,25 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		}
 	}()
 
-	buf, _ := copyBufs.Get(ctx, copyBufs.Size()) // unbounded: never blocks or fails
 	// r is the Store's exact-size body: size bytes, then io.EOF, or an
 	// error (the Store is the one place that enforces the declared size).
-	_, err = io.CopyBuffer(onlyWriter{f}, ctxReader{ctx: ctx, r: r}, buf)
-	copyBufs.Put(buf)
+	fw := fileWriter{ctx: ctx, f: f}
+	if wt, ok := r.(io.WriterTo); ok {
+		// The body writes its own bytes (the caller's slices, through the
+		// Store's exact-size wrapper): each byte is copied once, by the
+		// kernel, into the page cache.
+		_, err = wt.WriteTo(fw)
+	} else {
+		buf, _ := copyBufs.Get(ctx, copyBufs.Size()) // unbounded: never blocks or fails
+		_, err = io.CopyBuffer(fw, r, buf)
+		copyBufs.Put(buf)
+	}
 	if err != nil {
 		return fmt.Errorf("write %q: %w", key, err)
 	}
-	if err := f.Sync(); err != nil {
+	// The data (and the size, which reading it needs) must be durable
+	// before the object is published; fdatasync skips the timestamps.
+	if err := datasync(f); err != nil {
 		return fmt.Errorf("fsync %q: %w", key, err)
 	}
 	cerr := f.Close()

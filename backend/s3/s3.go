@@ -18,6 +18,11 @@
 // bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000 (so
 // part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
 //
+// Uploads send their bodies as UNSIGNED-PAYLOAD, also over plain HTTP: the
+// body's CRC32C, a signed header (or an unsigned trailer when it is
+// computed while streaming), is what the server verifies. The body itself
+// is not hashed for the signature, so on an untrusted network use https.
+//
 // Credentials never come from the URL. They come, in this order, from
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
 // credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials, profile
@@ -286,6 +291,8 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		Multipart:      true,
 		PartSize:       d.opts.PartSize,
 		Concurrency:    d.opts.Concurrency,
+		// A single PUT streams its body; multipart uploads copy parts.
+		StreamedPutBytes: d.opts.MultipartThreshold,
 	}
 }
 
@@ -443,8 +450,14 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	return d.putSingle(ctx, key, size, r, opts)
 }
 
+// putOptions are the minio options of a PUT. The payload is never hashed
+// for the signature (DisableContentSha256: "UNSIGNED-PAYLOAD" over HTTPS,
+// and over plain HTTP too, where minio would otherwise sign every 64 KiB
+// chunk, allocating about 90 MB of garbage per GiB uploaded): the body's
+// integrity is its CRC32C, sent as a signed header or a trailer and
+// checked by the server.
 func (d *Driver) putOptions(opts backend.PutOptions) minio.PutObjectOptions {
-	po := minio.PutObjectOptions{ContentType: opts.ContentType, SendContentMd5: false}
+	po := minio.PutObjectOptions{ContentType: opts.ContentType, SendContentMd5: false, DisableContentSha256: true}
 	if opts.IfNotExists {
 		po.SetMatchETagExcept("*") // If-None-Match: *
 	}
@@ -459,11 +472,13 @@ func (d *Driver) putSingle(ctx context.Context, key string, size int64, r io.Rea
 	} else {
 		// Computed while streaming and sent as a trailer.
 		po.Checksum = minio.ChecksumCRC32C
-		po.DisableContentSha256 = true
 	}
 	// r is the Store's exact-size body (size bytes, then io.EOF, or an
 	// error): a failing source makes the request fail before the server
-	// commits anything, and the Store reports the source's error.
+	// commits anything, and the Store reports the source's error. It is
+	// streamed to the connection as it is read, never buffered whole, so
+	// a Put up to MultipartThreshold holds no copy of the body
+	// (Capabilities.StreamedPutBytes).
 	if _, err := d.core.PutObject(ctx, d.bucket, key, r, size, "", "", po); err != nil {
 		return fmt.Errorf("s3: put %s: %w", key, err)
 	}
@@ -651,7 +666,7 @@ func (d *Driver) putPart(ctx context.Context, key, uploadID string, partNum int,
 	err := backend.RetryWithin(ctx, d.ErrorCode, func() error {
 		var err error
 		p, err = d.core.PutObjectPart(ctx, d.bucket, key, uploadID, partNum, bytes.NewReader(buf), int64(len(buf)),
-			minio.PutObjectPartOptions{CustomHeader: hdr})
+			minio.PutObjectPartOptions{CustomHeader: hdr, DisableContentSha256: true}) // the part's CRC32C header is its check
 		return err
 	})
 	return p, err

@@ -7,6 +7,10 @@
 // (NewBounded) has at most n buffers out at once, so Get blocks until one
 // comes back: that is how a multipart upload caps its memory at
 // n * part size.
+//
+// Map (Mapped) is memory for a long-lived pool of large buffers taken
+// from the operating system outside the Go heap, with huge pages where
+// Linux allows them: the async saver's staging pool.
 package bufpool
 
 import (
