@@ -1,6 +1,7 @@
 package backend_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -130,4 +131,63 @@ func TestCancelledBackoffReportsTheContext(t *testing.T) {
 	defer cancel()
 	_, err = st.NewRangeReader(ctx, "k", 0, -1)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// lateReader is a driver whose first Put fails transiently at once but, as
+// net/http's transport may, keeps reading that attempt's body after Put has
+// returned: it reads while the retry is sending its own copy.
+type lateReader struct {
+	backend.Driver
+	calls     atomic.Int32
+	retrying  chan struct{} // closed when the second attempt has started
+	lateDone  chan struct{} // closed when the late read has happened
+	lateBytes atomic.Int64
+}
+
+func (d *lateReader) ErrorCode(err error) backend.Code {
+	if errors.Is(err, errFlaky) {
+		return backend.CodeTransient
+	}
+	return d.Driver.ErrorCode(err)
+}
+
+func (d *lateReader) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	if d.calls.Add(1) == 1 {
+		go func() {
+			defer close(d.lateDone)
+			<-d.retrying
+			n, _ := r.Read(make([]byte, 4))
+			d.lateBytes.Store(int64(n))
+		}()
+		return errFlaky
+	}
+	close(d.retrying)
+	<-d.lateDone
+	return d.Driver.Put(ctx, key, size, r, opts)
+}
+
+// Regression (review of the async saves): every attempt of a Put shared one
+// body, so a failed attempt's late read (net/http closes or drains a request
+// body in another goroutine, even after RoundTrip returned) took bytes from
+// the retry's stream: the retry failed with a size mismatch, or would have
+// published shifted bytes.
+func TestFailedAttemptsLateReadDoesNotStealTheRetrysBytes(t *testing.T) {
+	for name, src := range map[string]func([]byte) io.Reader{
+		"bytes.Reader":   func(b []byte) io.Reader { return bytes.NewReader(b) },
+		"strings.Reader": func(b []byte) io.Reader { return strings.NewReader(string(b)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := &lateReader{Driver: mem.New(), retrying: make(chan struct{}), lateDone: make(chan struct{})}
+			st, err := backend.NewStore(d, "mem://late", "")
+			require.NoError(t, err)
+			st = st.WithRetry(backend.RetryPolicy{Attempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
+			ctx := context.Background()
+			data := []byte("0123456789abcdef")
+			require.NoError(t, st.Put(ctx, "k", int64(len(data)), src(data), backend.PutOptions{}))
+			require.Zero(t, d.lateBytes.Load(), "the failed attempt's body must be dead once its Put returned")
+			got, err := st.ReadAll(ctx, "k", 0)
+			require.NoError(t, err)
+			require.Equal(t, data, got)
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"path"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -417,18 +418,22 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 			}
 		}
 		err := s.drv.Put(ctx, full, size, body, opts)
-		if sr.err != nil && err != nil {
+		// The attempt is over: a late read by the driver (net/http may read
+		// or drain a request body in another goroutine after RoundTrip
+		// returned) must not take bytes from the next attempt's stream.
+		srErr := sr.fence()
+		if srErr != nil && err != nil {
 			// The source's failure is the cause (the driver's error only
 			// echoes it); a cancellation that came first is said too.
-			if cerr := ctx.Err(); cerr != nil && !errors.Is(sr.err, cerr) {
-				return &Error{Op: "write", URL: s.URL(key), Code: CodeCanceled, Err: fmt.Errorf("%w; source: %w", cerr, sr.err)}
+			if cerr := ctx.Err(); cerr != nil && !errors.Is(srErr, cerr) {
+				return &Error{Op: "write", URL: s.URL(key), Code: CodeCanceled, Err: fmt.Errorf("%w; source: %w", cerr, srErr)}
 			}
-			return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(sr.err), Err: sr.err}
+			return &Error{Op: "write", URL: s.URL(key), Code: CodeOf(srErr), Err: srErr}
 		}
-		if err == nil && sr.err != nil {
+		if err == nil && srErr != nil {
 			// A driver that ignored the source error published something:
 			// that is a driver bug, surfaced loudly.
-			return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("driver published despite source error: %w", sr.err)}
+			return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("driver published despite source error: %w", srErr)}
 		}
 		return s.wrap("write", key, err)
 	}
@@ -506,9 +511,32 @@ type sizedReader struct {
 	r         io.Reader
 	remaining int64
 	err       error
+	// mu is held by every Read and WriteTo of the source and by fence, so
+	// that once fence returns, no caller of this attempt's body touches r
+	// again.
+	mu     sync.Mutex
+	fenced bool
+}
+
+// errAttemptOver is what a body yields to a read that comes after its
+// write attempt returned.
+var errAttemptOver = errors.New("read of a write attempt's body after the attempt returned")
+
+// fence ends the attempt: later reads fail without touching the source. It
+// returns the source's error as of the attempt's end.
+func (z *sizedReader) fence() error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.fenced = true
+	return z.err
 }
 
 func (z *sizedReader) Read(p []byte) (int, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.fenced {
+		return 0, errAttemptOver
+	}
 	if z.err != nil {
 		return 0, z.err
 	}
@@ -563,6 +591,11 @@ type sizedWriterTo struct {
 // destination failed, not the source); a source of the wrong length or a
 // cancelled ctx is the source's error, as with Read.
 func (z *sizedWriterTo) WriteTo(w io.Writer) (int64, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.fenced {
+		return 0, errAttemptOver
+	}
 	if z.err != nil {
 		return 0, z.err
 	}
