@@ -263,7 +263,31 @@ func chunkJSON(ch *metadata.Chunk) inspectChunk {
 var (
 	tensorsMember = []byte(`"tensors":[]`)
 	chunksMember  = []byte(`"chunks":[]`)
+	writerMember  = []byte(`"writer":""`)
 )
+
+// writeJSONStringContent writes s JSON-escaped as encodeJSON escapes it,
+// without the quotes, one piece at a time (cut where a character starts,
+// so the escapes are the same).
+func writeJSONStringContent(w *bufio.Writer, s string, scratch *bytes.Buffer) error {
+	const piece = 1 << 20
+	for len(s) > 0 {
+		n := min(piece, len(s))
+		for n < len(s) && !utf8.RuneStart(s[n]) {
+			n++
+		}
+		scratch.Reset()
+		if err := encodeJSON(scratch, s[:n]); err != nil {
+			return err
+		}
+		q := bytes.TrimSuffix(scratch.Bytes(), []byte("\n"))
+		if _, err := w.Write(q[1 : len(q)-1]); err != nil {
+			return err
+		}
+		s = s[n:]
+	}
+	return nil
+}
 
 // spliceArray writes doc with the empty array member replaced by the
 // elements each writes (nil: member not found).
@@ -295,11 +319,23 @@ func (o *inspectOutput) streamJSON(w io.Writer) error {
 	}
 	head := *o
 	head.Tensors = []inspectTensor{}
+	head.Writer = "" // written in pieces below: the document sizes it
 	var buf, elem bytes.Buffer
 	if err := encodeJSON(&buf, &head); err != nil {
 		return err
 	}
 	bw := bufio.NewWriterSize(w, 64<<10)
+	doc := buf.Bytes()
+	at := bytes.Index(doc, writerMember)
+	if at < 0 {
+		return fmt.Errorf("inspect: no %s in the document", writerMember)
+	}
+	at += len(writerMember) - 1 // at the closing quote
+	bw.Write(doc[:at])
+	if err := writeJSONStringContent(bw, o.Writer, &elem); err != nil {
+		return err
+	}
+	doc = doc[at:]
 	// encode appends v's JSON without encodeJSON's newline to bw.
 	encode := func(v any) error {
 		elem.Reset()
@@ -309,7 +345,7 @@ func (o *inspectOutput) streamJSON(w io.Writer) error {
 		_, err := bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
 		return err
 	}
-	err := spliceArray(bw, buf.Bytes(), tensorsMember, len(o.md.Tensors), func(i int) error {
+	err := spliceArray(bw, doc, tensorsMember, len(o.md.Tensors), func(i int) error {
 		it := o.tensorJSON(i)
 		var tb bytes.Buffer
 		if err := encodeJSON(&tb, &it); err != nil {
@@ -389,7 +425,8 @@ func printInspect(ctx context.Context, out io.Writer, c *loader.Checkpoint, from
 		fmt.Fprintf(w, "run %s: newest committed checkpoint is %s\n", safe(o.ResolvedFrom), safe(o.URL))
 	}
 	fmt.Fprintf(w, "checkpoint %s\n", safe(o.URL))
-	fmt.Fprintf(w, "format %s %s, written by %s", safe(o.Format), safe(o.Version), safe(o.Writer))
+	fmt.Fprintf(w, "format %s %s, written by ", safe(o.Format), safe(o.Version))
+	w.WriteString(safe(o.Writer)) // not through fmt's buffer: the document sizes it
 	if !o.CreatedAt.IsZero() {
 		fmt.Fprintf(w, " at %s", o.CreatedAt.Format(time.RFC3339))
 	}
