@@ -461,14 +461,16 @@ func (c *Checkpoint) streamChunk(ctx context.Context, op *planner.ReadOp, cr *pl
 	} else {
 		crc = c.md.Bytes[cr.Entry].CRC32C
 	}
-	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	where := func() string {
+		return fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	}
 	return c.streamChecked(ctx, op.Object, op.Offset+cr.Start, cr.Length, crc, dtype, where, io.Discard)
 }
 
 // streamChecked copies length bytes of object from offset to w in
 // streamPiece pieces, checking their CRC32C against crc and, for a bool
-// dtype, that every byte is 0 or 1. where names the item in errors.
-func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, length int64, crc uint32, dtype, where string, w io.Writer) error {
+// dtype, that every byte is 0 or 1. where names the item in errors (called only then).
+func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, length int64, crc uint32, dtype string, where func() string, w io.Writer) error {
 	rc, err := c.store.NewRangeReader(ctx, object, offset, length)
 	if err != nil {
 		return MissingObject(err)
@@ -480,14 +482,14 @@ func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, l
 		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), length-done)])
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where, done+int64(n), io.ErrUnexpectedEOF)
+				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where(), done+int64(n), io.ErrUnexpectedEOF)
 			}
-			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where, done+int64(n), err))
+			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where(), done+int64(n), err))
 		}
 		if dtype == string(statedict.Bool) {
 			for j, b := range buf[:n] {
 				if b > 1 {
-					return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where, done+int64(j), b)
+					return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where(), done+int64(j), b)
 				}
 			}
 		}
@@ -498,7 +500,7 @@ func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, l
 		done += int64(n)
 	}
 	if got != crc {
-		return fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
+		return fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where(), crc, got)
 	}
 	return nil
 }
