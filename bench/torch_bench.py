@@ -6,6 +6,14 @@ ckptkit time: >= 1.0 means ckptkit is at least as fast).
 
     scripts/torch-env.sh run python3 bench/torch_bench.py [--bytes N] [--runs 3] [--dir /tmp] [--json FILE]
 
+Then the asynchronous rows: --async-saves saves (default 5) of the same state
+through ckptkit.torch.save, synchronous and with async_save=True
+(--staging-bytes, default the Go saver's), the two modes alternating save by
+save, a "training step" that changes every tensor after each save; it prints
+the stall per save (how long save blocked the loop), the save time (start to
+commit), the peak RSS above the state during the async saves, and the ratio
+async stall / sync save time (--async-saves 0 skips them).
+
 `make bench` runs it when the torch environment exists (docs/PERFORMANCE.md).
 """
 
@@ -15,6 +23,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import warnings
 
@@ -23,6 +32,7 @@ warnings.simplefilter("ignore")
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
+import ckptkit.torch as ct  # noqa: E402
 from ckptkit.torch import StorageReader, StorageWriter  # noqa: E402
 
 
@@ -40,6 +50,76 @@ def zeros_like(sd):
     return {k: torch.zeros_like(v) if torch.is_tensor(v) else v for k, v in sd.items()}
 
 
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    """Samples the process's RSS every millisecond while running."""
+
+    def __init__(self):
+        self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def async_rows(sd, work, saves, staging_bytes):
+    """Sync vs async ckptkit.torch.save of sd, alternating, with a training
+    step (every tensor changed) after each save."""
+    from torch import nn
+
+    m = nn.Module()
+    for k, v in sd.items():
+        if torch.is_tensor(v):
+            m.register_buffer(k.replace(".", "_"), v)
+    sync_url, async_url = "file://" + os.path.join(work, "sync"), "file://" + os.path.join(work, "async")
+
+    def step():
+        with torch.no_grad():
+            for t in m.buffers():
+                t.add_(1.0)
+
+    out = {"sync_save": [], "async_stall": [], "async_save": []}
+    base = rss_bytes()
+    pending = None
+    with PeakRSS() as peak:
+        for i in range(1, saves + 1):
+            for mode in (("sync", "async") if i % 2 else ("async", "sync")):
+                if mode == "sync":
+                    if pending is not None:  # the sync save would wait for it: not its time
+                        pending.wait()
+                    out["sync_save"].append(timed(lambda: ct.save(sync_url, m, step=i)))
+                else:
+                    t0 = time.perf_counter()
+                    h = ct.save(async_url, m, step=i, async_save=True, staging_bytes=staging_bytes)
+                    out["async_stall"].append(time.perf_counter() - t0)
+                    if pending is not None:  # ended before this save started
+                        pending.wait()
+                        out["async_save"].append(pending.result["seconds"])
+                    pending = h
+                step()
+        pending.wait()
+        out["async_save"].append(pending.result["seconds"])
+    return out, peak.peak - base
+
+
+def spread(v):
+    return f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]"
+
+
 def timed(fn):
     t0 = time.perf_counter()
     fn()
@@ -54,6 +134,8 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--part-size", type=int, default=0, help="StorageWriter part_size (default: its default)")
     ap.add_argument("--concurrency", type=int, default=0, help="StorageWriter/Reader concurrency (default: theirs)")
+    ap.add_argument("--async-saves", type=int, default=5, help="saves per mode of the async rows (0: skip them)")
+    ap.add_argument("--staging-bytes", type=int, default=None, help="async staging budget (default: the Go saver's)")
     args = ap.parse_args()
     wopts, ropts = {}, {}
     if args.part_size:
@@ -84,6 +166,8 @@ def main():
                 assert all(torch.equal(out[k], sd[k]) for k in sd if torch.is_tensor(sd[k]))
             for side in order:
                 shutil.rmtree(os.path.join(work, f"{side}-{run}"))
+        if args.async_saves:
+            rows, above = async_rows(sd, work, args.async_saves, args.staging_bytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in res.items()}
@@ -101,9 +185,22 @@ def main():
     print(f"ratio torch/ckptkit (medians): save {ratios['save']:.2f}x, load {ratios['load']:.2f}x; "
           f"median of per-run ratios: save {paired['save']:.2f}x, load {paired['load']:.2f}x "
           f"(goal >= 1.0x, CRC32C checks on)")
+    out = {"bytes": nbytes, "runs": res, "median": med, "ratios": ratios, "torch": torch.__version__}
+    if args.async_saves:
+        budget = args.staging_bytes or ct._async.default_staging_bytes()
+        print(f"async ckptkit.torch.save: {args.async_saves} saves per mode (alternating), a step changing every tensor "
+              f"after each, staging budget {budget >> 20} MiB, load {open('/proc/loadavg').read().split()[0]}")
+        print(f"{'figure':<22}{'median s [min, max]':>28}")
+        print(f"{'sync save':<22}{spread(rows['sync_save']):>28}")
+        print(f"{'async stall':<22}{spread(rows['async_stall']):>28}")
+        print(f"{'async save':<22}{spread(rows['async_save']):>28}")
+        ratio = statistics.median(rows["async_stall"]) / statistics.median(rows["sync_save"])
+        print(f"async stall / sync save time: {ratio:.3f}x (medians); peak RSS above the state during the saves "
+              f"{above / (1 << 20):.0f} MiB (budget {budget >> 20} MiB)")
+        out["async"] = {"runs": rows, "stall_over_sync_save": ratio, "peak_rss_above_state": above, "budget": budget}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bytes": nbytes, "runs": res, "median": med, "ratios": ratios, "torch": torch.__version__}, f, indent=1)
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"runtime/cgo"
+	"strings"
 	"unsafe"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -28,6 +30,9 @@ type ckptHandle struct {
 	storeHandle
 	ck   *loader.Checkpoint
 	info ckptInfo
+	// run is the run ck was chosen from (nil when the URL was the
+	// checkpoint itself); it shares its driver with st.
+	run *backend.Store
 }
 
 // ckptInfo describes the checkpoint a resume chose.
@@ -72,15 +77,20 @@ func ruleOf(err error) string {
 	return ""
 }
 
-func ckptOf(h C.uintptr_t) (*ckptHandle, error) {
+func ckptOf(h C.uintptr_t) (*ckptHandle, error) { return handleValue[*ckptHandle](h, "checkpoint") }
+
+// handleValue is what handle h refers to, when it is a T (what names T in
+// errors).
+func handleValue[T any](h C.uintptr_t, what string) (T, error) {
+	var zero T
 	if h == 0 {
-		return nil, fmt.Errorf("%w: checkpoint handle is 0 (closed or never opened)", errUsage)
+		return zero, fmt.Errorf("%w: %s handle is 0 (closed or never opened)", errUsage, what)
 	}
-	ch, ok := cgo.Handle(h).Value().(*ckptHandle)
+	v, ok := cgo.Handle(h).Value().(T)
 	if !ok {
-		return nil, fmt.Errorf("%w: handle %d is not a checkpoint", errUsage, uintptr(h))
+		return zero, fmt.Errorf("%w: handle %d is not a %s", errUsage, uintptr(h), what)
 	}
-	return ch, nil
+	return v, nil
 }
 
 // openCheckpoint opens url as a checkpoint, or, when url is a run (it
@@ -119,6 +129,7 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	case err == nil:
 		h := newCkptHandle(sh, found.Checkpoint, found.Name, out)
 		h.info.Step = found.Step
+		h.run = sh.st
 		ok = true
 		return h, nil
 	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
@@ -235,19 +246,10 @@ func ckpt_checkpoint_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int 
 // of every local rank and the options of loader.Options.
 type loadSpec struct {
 	Targets []struct {
-		Tensors []struct {
-			Key     string  `json:"key"`
-			DType   string  `json:"dtype"`
-			Shape   []int64 `json:"shape"`
-			Offsets []int64 `json:"offsets"`
-			Sizes   []int64 `json:"sizes"`
-			// Buf indexes the buffers passed to ckpt_checkpoint_load:
-			// the C memory of NBytes bytes the tensor is loaded into
-			// (row-major, contiguous, little-endian).
-			Buf    int   `json:"buf"`
-			NBytes int64 `json:"nbytes"`
-		} `json:"tensors"`
-		Bytes []string `json:"bytes"`
+		// Tensors are loaded into the buffers passed to
+		// ckpt_checkpoint_load.
+		Tensors []tensorSpec `json:"tensors"`
+		Bytes   []string     `json:"bytes"`
 	} `json:"targets"`
 	NoLoadOptimizer bool     `json:"no_load_optimizer"`
 	ModelPrefix     string   `json:"model_prefix"`
@@ -256,6 +258,13 @@ type loadSpec struct {
 	Frozen          []string `json:"frozen"`
 	Concurrency     int      `json:"concurrency"`
 	Quiet           bool     `json:"quiet"`
+	// FallbackRun, when set, is the URL of the run the checkpoint belongs
+	// to: a load that finds the checkpoint's data damaged falls back to
+	// the next older valid checkpoint of the run (catalog.LoadWithFallback,
+	// the rule of `ckpt train --resume`), loading one pass into the same
+	// buffers, which each attempt overwrites. Without it the load is
+	// transactional: a failure leaves the buffers as they were.
+	FallbackRun string `json:"fallback_run"`
 }
 
 // loadReport is what ckpt_checkpoint_load returns.
@@ -266,6 +275,10 @@ type loadReport struct {
 	// DCP checkpoint: JSON text, or the raw torch.save item for values
 	// without a JSON form).
 	Bytes []map[string][]byte `json:"bytes"`
+	// Fallbacks are the damaged checkpoints passed over, newest first
+	// (FallbackRun only); Info is then the checkpoint loaded instead.
+	Fallbacks []skipped `json:"fallbacks"`
+	Info      *ckptInfo `json:"info,omitempty"`
 }
 
 // ckpt_checkpoint_load runs loader.Checkpoint.Load: the resume rules of
@@ -291,47 +304,55 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 	if nbufs > 0 {
 		ptrs = unsafe.Slice(bufs, int(nbufs))
 	}
-	targets := make([]*statedict.StateDict, len(ls.Targets))
-	for r, t := range ls.Targets {
-		sd := statedict.New()
-		for _, ts := range t.Tensors {
-			var data []byte
-			if ts.NBytes > 0 {
-				if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
-					return fail(fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs)), cls, rule, msg)
-				}
-				// C memory owned by the caller for the duration of the call.
-				data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
-			} else {
-				data = []byte{}
-			}
-			offs, sizes := ts.Offsets, ts.Sizes
-			if offs == nil {
-				offs = make([]int64, len(ts.Shape))
-			}
-			if sizes == nil {
-				sizes = ts.Shape
-			}
-			sd.Tensors[ts.Key] = &statedict.Shard{DType: statedict.DType(ts.DType), GlobalShape: ts.Shape, Offsets: offs, Sizes: sizes, Data: data}
-		}
-		for _, k := range t.Bytes {
-			sd.Bytes[k] = nil
-		}
-		targets[r] = sd
-	}
-	// Transactional: the Python resume promises that a failed load leaves
-	// the caller's tensors as they were (it does not fall back to an older
-	// checkpoint yet), which the one-pass default no longer gives.
-	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
-		OptimizerSlots: ls.OptimizerSlots, Frozen: ls.Frozen, Concurrency: ls.Concurrency, Transactional: true}
-	if ls.Quiet {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	rep, err := ch.ck.Load(context.Background(), targets, opts)
+	ctx := context.Background()
+	run, found, err := ch.fallbackFrom(ctx, ls.FallbackRun)
 	if err != nil {
 		return fail(err, cls, rule, msg)
 	}
-	out := loadReport{Report: rep, Summary: rep.Summary(), Bytes: make([]map[string][]byte, len(targets))}
+	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
+		OptimizerSlots: ls.OptimizerSlots, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
+		// Without a fallback the Python resume promises that a failed load
+		// leaves the caller's tensors as they were; with one, every
+		// attempt overwrites every target, so one pass is enough.
+		Transactional: found == nil}
+	if ls.Quiet {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	var targets []*statedict.StateDict
+	load := func(c *loader.Checkpoint) (*loader.Report, error) {
+		if targets, err = ls.targets(ptrs); err != nil {
+			return nil, err
+		}
+		return c.Load(ctx, targets, opts)
+	}
+	var (
+		rep       *loader.Report
+		fallbacks []skipped
+		info      *ckptInfo
+	)
+	if found == nil {
+		rep, err = load(ch.ck)
+	} else {
+		var c *loader.Checkpoint
+		c, rep, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+			rep, err := load(c)
+			if err != nil && catalog.DataDamaged(err) {
+				fallbacks = append(fallbacks, skipped{URL: c.URL(), Reason: err.Error()})
+			}
+			return rep, err
+		}, func(string, ...any) {})
+		if err == nil && c != ch.ck {
+			ch.switchTo(run, c, fallbacks)
+			info = &ch.info
+		}
+		if run != ch.run {
+			_ = run.Close() // opened for a fallback that was not needed
+		}
+	}
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	out := loadReport{Report: rep, Summary: rep.Summary(), Bytes: make([]map[string][]byte, len(targets)), Fallbacks: nonNil(fallbacks), Info: info}
 	for r, sd := range targets {
 		out.Bytes[r] = sd.Bytes
 	}
@@ -341,4 +362,103 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 	}
 	*report = s
 	return 0
+}
+
+// targets builds the load targets of every local rank over the C buffers
+// (fresh statedicts on every call, the same buffers).
+func (ls *loadSpec) targets(ptrs []unsafe.Pointer) ([]*statedict.StateDict, error) {
+	targets := make([]*statedict.StateDict, len(ls.Targets))
+	for r, t := range ls.Targets {
+		sd := statedict.New()
+		for _, ts := range t.Tensors {
+			sh, err := ts.shard(ptrs)
+			if err != nil {
+				return nil, err
+			}
+			sd.Tensors[ts.Key] = sh
+		}
+		for _, k := range t.Bytes {
+			sd.Bytes[k] = nil
+		}
+		targets[r] = sd
+	}
+	return targets, nil
+}
+
+// fallbackFrom returns the run and the catalog entry of the open checkpoint
+// for a load that may fall back to older checkpoints of runURL, or nil, nil
+// when runURL is empty or the checkpoint is not a step of a run.
+func (ch *ckptHandle) fallbackFrom(ctx context.Context, runURL string) (*backend.Store, *catalog.Found, error) {
+	if runURL == "" {
+		return nil, nil, nil
+	}
+	name := ch.info.Name
+	if name == "" {
+		base, _, _ := strings.Cut(ch.ck.URL(), "?")
+		name = path.Base(strings.TrimSuffix(base, "/"))
+	}
+	step, ok := catalog.ParseStep(name)
+	if !ok {
+		return nil, nil, nil
+	}
+	run := ch.run
+	if run == nil {
+		sh, err := openStore(ctx, runURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("open the run %s to fall back in: %w", runURL, err)
+		}
+		run = sh.st
+	}
+	return run, &catalog.Found{Entry: catalog.Entry{Name: name, Step: step, URL: ch.ck.URL(), Committed: true}, Checkpoint: ch.ck}, nil
+}
+
+// switchTo makes the handle the checkpoint c of run that a fallback loaded
+// (the damaged ones listed in fallbacks), releasing the store of the one
+// it held when run is not its run.
+func (ch *ckptHandle) switchTo(run *backend.Store, c *loader.Checkpoint, fallbacks []skipped) {
+	if ch.run != run {
+		_ = closeStore(&ch.storeHandle)
+	}
+	base, _, _ := strings.Cut(c.URL(), "?")
+	name := path.Base(strings.TrimSuffix(base, "/"))
+	step, _ := catalog.ParseStep(name)
+	skips := append(ch.info.Skipped, fallbacks...)
+	*ch = *newCkptHandle(&storeHandle{st: run}, c, name, skips)
+	ch.info.Step = step
+	ch.run = run
+}
+
+// tensorSpec is one tensor crossing the ABI in a load or save spec: its
+// key, dtype, global shape, the chunk box this rank holds and the C buffer
+// holding the chunk.
+type tensorSpec struct {
+	Key     string  `json:"key"`
+	DType   string  `json:"dtype"`
+	Shape   []int64 `json:"shape"`
+	Offsets []int64 `json:"offsets"`
+	Sizes   []int64 `json:"sizes"`
+	// Buf indexes the buffers passed with the spec: C memory of NBytes
+	// bytes (row-major, contiguous, little-endian), used for the duration
+	// of the call only.
+	Buf    int   `json:"buf"`
+	NBytes int64 `json:"nbytes"`
+}
+
+// shard is the tensor as a statedict shard over its C buffer (no copy).
+func (ts *tensorSpec) shard(ptrs []unsafe.Pointer) (*statedict.Shard, error) {
+	data := []byte{}
+	if ts.NBytes > 0 {
+		if ts.Buf < 0 || ts.Buf >= len(ptrs) || ptrs[ts.Buf] == nil {
+			return nil, fmt.Errorf("%w: tensor %q: buffer %d of %d", errUsage, ts.Key, ts.Buf, len(ptrs))
+		}
+		data = cbytes(ptrs[ts.Buf], C.int64_t(ts.NBytes))
+	}
+	offs, sizes := ts.Offsets, ts.Sizes
+	if offs == nil {
+		offs = make([]int64, len(ts.Shape))
+	}
+	if sizes == nil {
+		sizes = ts.Shape
+	}
+	return &statedict.Shard{DType: statedict.DType(ts.DType), GlobalShape: ts.Shape, Offsets: offs, Sizes: sizes, Data: data}, nil
 }

@@ -174,7 +174,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		default:
 			withOptim := !f.noLoadOptim
 			var targets []*statedict.StateDict
-			c, rep, err := loadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+			c, rep, err := catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
 				targets = tr.LoadTargets(f.ranks, withOptim)
 				return c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
 			}, logf)

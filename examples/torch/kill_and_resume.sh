@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# kill_and_resume.sh RUN_BASE_URL - the example's kill-and-resume check
-# (docs/TORCH.md): an uninterrupted 2-rank run, then runs killed with
-# SIGKILL after step 5 and resumed on 2 ranks and on 1 rank; all three must
-# end with bit-identical weights. Run it in the torch environment:
+# kill_and_resume.sh RUN_BASE_URL [TRAINER FLAGS...] - the example's
+# kill-and-resume check (docs/TORCH.md): an uninterrupted 2-rank run, then
+# runs killed with SIGKILL after step 5 and resumed on 2 ranks and on 1 rank;
+# all three must end with bit-identical weights. Further flags (--async) go
+# to every run. Run it in the torch environment:
 #   scripts/torch-env.sh run bash examples/torch/kill_and_resume.sh file:///tmp/moe
 set -euo pipefail
-base=${1:?usage: kill_and_resume.sh RUN_BASE_URL}
-train="python3 $(dirname "$0")/moe_train.py --steps 12 --save-every 3"
+base=${1:?usage: kill_and_resume.sh RUN_BASE_URL [TRAINER FLAGS...]}
+shift
+train="python3 $(dirname "$0")/moe_train.py --steps 12 --save-every 3 $*"
 digest() { sed -n 's/.*weights sha256 \([0-9a-f]*\).*/\1/p' | tail -n1; }
 
 echo "== uninterrupted, 2 ranks"

@@ -10,7 +10,10 @@ shards; each rank computes the gradients of its shards and the ranks sum
 them (gloo all_reduce), so 2 ranks and 1 rank compute bit-identical updates
 and a run can be resumed on another world size. --kill-at S sends SIGKILL
 to every rank after step S; running the same command again resumes from the
-newest committed checkpoint.
+newest committed checkpoint. --async saves in the background
+(ckptkit.torch.save(..., async_save=True), staged within --staging-bytes):
+training goes on while the checkpoint is written, and the weights are the
+same bit for bit.
 """
 
 import argparse
@@ -123,20 +126,41 @@ def run(rank, world, args):
                   flush=True)
     elif rank == 0:
         print(f"no checkpoint under {args.url}: starting at step 0 (world {world})", flush=True)
+    pending = None  # the asynchronous save in flight
     for step in range(start, args.steps):
         train_step(model, opt, sched, step, args.warmup, rank, world)
         done = step + 1
         if done % args.save_every == 0:
-            url = ct.save(args.url, model, opt, step=done, scheduler=sched, save_optimizer=not args.no_save_optim)
+            if args.async_save:
+                if pending is not None:
+                    pending.wait()  # committed by now, as a rule; raises its error if it failed
+                # Returns once staged: the next training step may change every tensor.
+                pending = ct.save(args.url, model, opt, step=done, scheduler=sched,
+                                  save_optimizer=not args.no_save_optim, async_save=True,
+                                  staging_bytes=args.staging_bytes)
+                what = f"staged {pending.url}"
+            else:
+                what = "saved " + ct.save(args.url, model, opt, step=done, scheduler=sched,
+                                          save_optimizer=not args.no_save_optim)
             if rank == 0:
-                print(f"step {done:3d}  lr {opt.param_groups[0]['lr']:.6f}  saved {url}", flush=True)
+                print(f"step {done:3d}  lr {opt.param_groups[0]['lr']:.6f}  {what}", flush=True)
         elif rank == 0:
             print(f"step {done:3d}  lr {opt.param_groups[0]['lr']:.6f}", flush=True)
         if done == args.kill_at:
+            if pending is not None:
+                # Deterministic for the kill-and-resume check: the kill finds
+                # the last save committed, not half-written (which a resume
+                # would skip for the one before it).
+                pending.wait()
             if rank == 0:
                 print(f"killing every rank with SIGKILL after step {done}", flush=True)
             dist.barrier() if world > 1 else None
             os.kill(os.getpid(), signal.SIGKILL)
+    if pending is not None:
+        url = pending.wait()
+        if rank == 0:
+            print(f"committed {url} (save stalled training {pending.result['stall_seconds']:.3f} s, "
+                  f"took {pending.result['seconds']:.3f} s)", flush=True)
     if rank == 0:
         print(f"final step {args.steps} lr {opt.param_groups[0]['lr']:.6f} weights sha256 {weights_digest(model)}", flush=True)
 
@@ -151,6 +175,10 @@ def main():
     ap.add_argument("--kill-at", type=int, default=0, help="SIGKILL every rank after this step")
     ap.add_argument("--no-save-optim", action="store_true", help="save iteration and scheduler, not the optimizer")
     ap.add_argument("--no-load-optim", action="store_true", help="resume iteration and scheduler, start the optimizer fresh")
+    ap.add_argument("--async", dest="async_save", action="store_true",
+                    help="save in the background (ckptkit.torch.save(..., async_save=True))")
+    ap.add_argument("--staging-bytes", type=int, default=None,
+                    help="the async saver's staging budget in bytes (default: the Go core's, 512 MiB)")
     args = ap.parse_args()
     codes = launch(args.world, run, (args,), deadline_s=DEADLINE_S)
     if any(c == -signal.SIGKILL for c in codes):

@@ -54,6 +54,15 @@ _SIGNATURES = {
     "ckpt_checkpoint_open": ([ctypes.c_char_p, _uptr_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_metadata": ([ctypes.c_size_t, _void_pp, _i64_p] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_close": ([ctypes.c_size_t] + _ERR, ctypes.c_int),
+    "ckpt_saver_new": ([ctypes.c_int64, _uptr_p] + _ERR, ctypes.c_int),
+    "ckpt_saver_default_staging_bytes": ([], ctypes.c_int64),
+    "ckpt_saver_save": (
+        [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_char_p, _void_pp, ctypes.c_int, _uptr_p] + _ERR, ctypes.c_int),
+    "ckpt_save_state": ([ctypes.c_size_t], ctypes.c_int),
+    "ckpt_save_wait": ([ctypes.c_size_t, ctypes.c_int64, _c_int_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_save_release": ([ctypes.c_size_t], None),
+    "ckpt_saver_stats": ([ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_saver_idle": ([ctypes.c_size_t, ctypes.c_int] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_load": ([ctypes.c_size_t, ctypes.c_char_p, _void_pp, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
 }
 

@@ -81,11 +81,25 @@ def run(rank, world, scenario, url, out):
         ct.save(url, m, opt, step=3, scheduler=sched)
         result = full_state(m, opt)
         result["lr"] = opt.param_groups[0]["lr"]
+    elif scenario == "dtensor-save-async":
+        # Step 3 saved in the background while the next steps change every
+        # shard, then step 6; the ranks' Go savers coordinate through the
+        # store. The result is the step-3 state.
+        m, opt, sched, mesh = sharded_moe(0)
+        step_sharded(m, opt, sched, mesh, 3)
+        h3 = ct.save(url, m, opt, step=3, scheduler=sched, async_save=True)
+        result = full_state(m, opt)
+        result["lr"] = opt.param_groups[0]["lr"]
+        step_sharded(m, opt, sched, mesh, 3)
+        h6 = ct.save(url, m, opt, step=6, scheduler=sched, async_save=True)
+        h6.wait()
+        h3.wait()
     elif scenario == "dtensor-resume":
         m, opt, sched, mesh = sharded_moe(99)
         rep = ct.resume(url, m, opt, scheduler=sched)
         result = full_state(m, opt)
-        result.update(step=rep.step, lazy=sorted(rep.lazy_params), lr=opt.param_groups[0]["lr"])
+        result.update(step=rep.step, lazy=sorted(rep.lazy_params), lr=opt.param_groups[0]["lr"],
+                      skipped=[(s["url"], s["reason"]) for s in rep.skipped])
     elif scenario == "ddp-save":
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -74,3 +74,18 @@ def snapshot(m, opt):
 
 def same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def same_bits(a, b):
+    """Snapshots a and b (of different models: optimizer entries are keyed
+    by parameter id) hold bit-identical tensors, in the same order."""
+    def bits(t):
+        return t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+    ka = [k for k in a if k[0] == "model"]
+    if ka != [k for k in b if k[0] == "model"]:
+        return False
+    oa = [(k[2], v) for k, v in a.items() if k[0] == "opt"]
+    ob = [(k[2], v) for k, v in b.items() if k[0] == "opt"]
+    return (all(bits(a[k]) == bits(b[k]) for k in ka) and len(oa) == len(ob)
+            and all(x[0] == y[0] and bits(x[1]) == bits(y[1]) for x, y in zip(oa, ob)))

@@ -55,3 +55,29 @@ def test_ddp_resumes_on_2_and_1_ranks(tmp_path):
     _equal(saved, two, keys)
     one = run("resume-plain", 1, url, tmp_path / "r1")
     _equal(saved, one, keys)
+
+
+def test_async_sharded_save_and_a_fallback_on_one_rank_agree(tmp_path):
+    """2 ranks save DTensor shards asynchronously (steps 3 and 6); a byte of
+    a shard only rank 1 reads is damaged in step 6: rank 1 falls back to
+    step 3, and rank 0, whose shards of step 6 are intact, reloads step 3
+    too, so both resume at step 3 with the step-3 state."""
+    import json
+
+    url = "file://" + str(tmp_path / "run")
+    saved = run("dtensor-save-async", 2, url, tmp_path / "save")
+    ck = tmp_path / "run" / "step-00000006"
+    md = json.loads((ck / "ckptkit.metadata.json").read_text())
+    (chunk,) = [c for t in md["tensors"] if t["key"] == "model.head.weight" for c in t["chunks"] if c["offsets"][0] > 0]
+    with open(ck / chunk["object"], "r+b") as f:
+        f.seek(chunk["offset"] + 1)
+        b = f.read(1)
+        f.seek(chunk["offset"] + 1)
+        f.write(bytes([b[0] ^ 0x20]))
+    two = run("dtensor-resume", 2, url, tmp_path / "r2")
+    assert two["step"] == 3 and two["lr"] == saved["lr"]
+    # Rank 0's own shards of step 6 were intact: it loaded them, then
+    # reloaded step 3 for the agreement.
+    assert [(u.endswith("step-00000006"), r) for u, r in two["skipped"]] == [
+        (True, "another rank fell back to an older checkpoint")], two["skipped"]
+    _equal(saved, two, [k for k in saved if k.startswith(("model.", "optim."))])

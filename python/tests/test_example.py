@@ -11,12 +11,24 @@ import pytest
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "torch")
 
 
-def test_kill_and_resume_is_bit_identical(tmp_path):
-    r = subprocess.run(["bash", os.path.join(EXAMPLES, "kill_and_resume.sh"), "file://" + str(tmp_path)],
+@pytest.mark.parametrize("flags", [[], ["--async"]], ids=["sync", "async"])
+def test_kill_and_resume_is_bit_identical(tmp_path, flags):
+    r = subprocess.run(["bash", os.path.join(EXAMPLES, "kill_and_resume.sh"), "file://" + str(tmp_path), *flags],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 -> 2: bit-identical" in r.stdout and "2 -> 1: bit-identical" in r.stdout, r.stdout
     assert re.search(r"resumed \S+step-00000003 at step 3 .*lazy: [1-9]", r.stderr), r.stderr
+    if flags:
+        assert re.search(r"step\s+12 .* staged \S+step-00000012", r.stderr) and "committed" in r.stderr, r.stderr
+
+
+def test_async_run_is_bit_identical_to_a_sync_run(tmp_path):
+    digest = re.compile(r"weights sha256 ([0-9a-f]{64})")
+    sync = _train("file://" + str(tmp_path / "sync"))
+    asy = _train("file://" + str(tmp_path / "async"), "--async", "--staging-bytes", str(1 << 20))
+    assert sync.returncode == 0 and asy.returncode == 0, sync.stderr + asy.stderr
+    assert digest.search(sync.stdout).group(1) == digest.search(asy.stdout).group(1)
+    assert _lrs(sync.stdout) == _lrs(asy.stdout)
 
 
 def _train(url, *flags):

@@ -16,7 +16,7 @@ import ckptkit
 from ckptkit.torch import StorageWriter, resume, save, step_url
 
 from conftest import fixtures_dir, sub_url
-from models import make, same, snapshot, train
+from models import make, same, same_bits, snapshot, train
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is unavailable")
 
@@ -263,3 +263,63 @@ def test_flipped_byte_is_refused_by_resume_before_anything_changes(file_url):
         resume(step_url(file_url, 3), m2, opt2, scheduler=sched2)
     assert "model.head.weight" in str(e.value) and obj in str(e.value) and "offset" in str(e.value)
     assert same(before, snapshot(m2, opt2))
+
+
+def _flip_byte_in_native(path, key):
+    """Flip a byte inside key's first chunk of a ckptkit-format checkpoint."""
+    with open(os.path.join(path, "ckptkit.metadata.json")) as f:
+        md = json.load(f)
+    (chunk,) = [t["chunks"][0] for t in md["tensors"] if t["key"] == key]
+    at = chunk["offset"] + chunk["length"] - 3
+    with open(os.path.join(path, chunk["object"]), "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0x10]))
+    return chunk["object"], at
+
+
+@pytest.mark.parametrize("how", ["dcp", "async"])
+def test_damaged_newest_checkpoint_falls_back_to_the_next_older_valid_one(file_url, how):
+    def ck_save(m, opt, sched, step):
+        if how == "async":
+            save(file_url, m, opt, step=step, scheduler=sched, async_save=True).wait()
+        else:
+            save(file_url, m, opt, step=step, scheduler=sched)
+
+    m, opt, sched = _trained()
+    ck_save(m, opt, sched, 3)
+    want, want_epoch = snapshot(m, opt), sched.last_epoch
+    train(m, opt, sched, 3)
+    ck_save(m, opt, sched, 6)
+    path = file_url[len("file://"):] + "/step-00000006"
+    if how == "async":
+        _flip_byte_in_native(path, "model.head.weight")
+    else:
+        from test_dcp import _flip_byte_in_tensor
+
+        _flip_byte_in_tensor(path, "model.head.weight")
+    m2, opt2, sched2 = make(seed=7)
+    with pytest.warns(RuntimeWarning, match=r"step-00000006 is damaged \(.*checksum.*\); resuming from the next older "
+                                            r"valid checkpoint, .*step-00000003"):
+        rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 3 and rep.url.endswith("step-00000003") and rep.checkpoint_step == 3
+    assert [s["url"].endswith("step-00000006") for s in rep.skipped] == [True]
+    assert same_bits(want, snapshot(m2, opt2))
+    assert sched2.last_epoch == want_epoch
+    # And it trains on exactly like the step-3 state does.
+    m3, opt3, sched3 = make(seed=8)
+    resume(step_url(file_url, 3), m3, opt3, scheduler=sched3)
+    _train_on_identically(m3, opt3, sched3, m2, opt2, sched2)
+
+
+def test_damaged_checkpoint_url_does_not_fall_back(file_url):
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=3, scheduler=sched)
+    save(file_url, m, opt, step=6, scheduler=sched)
+    from test_dcp import _flip_byte_in_tensor
+
+    _flip_byte_in_tensor(file_url[len("file://"):] + "/step-00000006", "model.head.weight")
+    m2, opt2, sched2 = make(seed=7)
+    with pytest.raises(ckptkit.ChecksumError):
+        resume(step_url(file_url, 6), m2, opt2, scheduler=sched2)

@@ -15,6 +15,8 @@ another world size. docs/TORCH.md documents it.
 import base64
 import json
 import logging
+import uuid
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -28,9 +30,12 @@ from ckptkit.errors import (
     UsageError,
 )
 
+from . import _async
+from ._async import AsyncSave, AsyncSaver
 from ._storage import Checkpoint, StorageReader, StorageWriter, decode_integrity, encode_integrity
 
 __all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
+           "AsyncSave", "AsyncSaver",
            "encode_integrity", "decode_integrity"]
 
 log = logging.getLogger("ckptkit")
@@ -116,13 +121,23 @@ def _optimizer_state(model, optimizer):
 
 
 def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer=True, extra_state=None,
-         **writer_options):
-    """Write run_url/step-<8 digits>/ through StorageWriter, collectively over
-    the default process group (or alone without one): the model, the
-    optimizer (FQN keyed; unless save_optimizer=False, which still saves the
-    step and the scheduler and records the optimizer as deliberately
-    omitted), the scheduler, the step and extra_state (a dict of further
-    top-level keys). Returns the checkpoint URL."""
+         async_save=False, staging_bytes=None, **writer_options):
+    """Write run_url/step-<8 digits>/, collectively over the default process
+    group (or alone without one): the model, the optimizer (FQN keyed;
+    unless save_optimizer=False, which still saves the step and the
+    scheduler and records the optimizer as deliberately omitted), the
+    scheduler, the step and extra_state (a dict of further top-level keys).
+
+    By default it writes a DCP checkpoint through StorageWriter and returns
+    the checkpoint URL once committed. With async_save=True the Go core's
+    asynchronous saver writes it in ckptkit's native format: save returns an
+    AsyncSave as soon as the state is staged (copied out of the tensors into
+    the saver's pool, which never holds more than staging_bytes, default
+    512 MiB: a larger state is staged in pieces as uploads drain them), so
+    the caller may change its tensors at once; wait() returns the URL once
+    committed or raises the save's error, which the next save raises too.
+    At most one save is in flight per process: a save first waits for the
+    previous one."""
     sd = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
     record = "none"
     if optimizer is not None:
@@ -140,8 +155,57 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
             raise UsageError(f"extra_state key {k!r} is reserved")
         sd[k] = v
     url = step_url(run_url, step)
+    if async_save:
+        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options)
+    if staging_bytes is not None:
+        raise UsageError("staging_bytes is a parameter of async_save=True")
+    prev = _async.current_saver()
+    if prev is not None:
+        # Never overlap the asynchronous save in flight; its failure, if
+        # nothing reported it yet, is this save's error.
+        prev.idle()
     dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, **writer_options))
     return url
+
+
+_ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
+
+
+def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options):
+    unknown = set(writer_options) - _ASYNC_OPTIONS
+    if unknown:
+        raise UsageError(f"async_save=True takes {sorted(_ASYNC_OPTIONS)}, not {sorted(unknown)}")
+    flat, _ = flatten_state_dict(sd)
+    tensors, values = [], {}
+    for key, v in flat.items():
+        if isinstance(v, torch.Tensor):
+            local, shape, offsets = _local(v)
+            host = _async.host_tensor(key, local)
+            dt = _DTYPES.get(host.dtype)
+            if dt is None:
+                raise UnsupportedError(f"{key}: dtype {host.dtype} is not supported")
+            entry = {"key": key, "dtype": dt, "shape": shape, "sizes": list(host.shape)}
+            if offsets is not None:
+                entry["offsets"] = offsets
+            tensors.append((entry, host))
+        else:
+            values[key] = base64.b64encode(_async.encode_value(key, v)).decode()
+    spec = {"bytes": values, "iteration": step, "no_save_optimizer": record == "omitted",
+            "model_prefix": MODEL_KEY, "optimizer_prefix": OPTIMIZER_KEY,
+            "overwrite": bool(writer_options.get("overwrite", False)),
+            "concurrency": int(writer_options.get("concurrency", 0)),
+            "max_object_bytes": int(writer_options.get("part_size", 0))}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # Ranks are processes: the Go saver of each coordinates through
+        # objects under the run's _coord/ prefix, in a session rank 0 names.
+        group = [None]
+        if dist.get_rank() == 0:
+            group = [f"step-{step:08d}-{uuid.uuid4().hex}"]
+        dist.broadcast_object_list(group, src=0)
+        base, sep, query = run_url.partition("?")
+        spec["coordinator"] = {"url": f"{base.rstrip('/')}/_coord{sep}{query}", "group": group[0],
+                               "rank": dist.get_rank(), "world": dist.get_world_size()}
+    return _async.saver_for(staging_bytes).save(url, spec, tensors)
 
 
 @dataclass
@@ -152,13 +216,18 @@ class ResumeReport:
     step: int
     #: The checkpoint's URL (credentials redacted).
     url: str
+    #: The step in the checkpoint's name (step-<8 digits>); its iteration
+    #: otherwise.
+    checkpoint_step: int = 0
     #: FQNs whose optimizer state was wholly absent (never received a
     #: gradient before the save) and left fresh.
     lazy_params: list = field(default_factory=list)
     #: False when the optimizer was not loaded (load_optimizer=False, or the
     #: checkpoint deliberately omitted it).
     optimizer_loaded: bool = False
-    #: Newer checkpoints of the run that were skipped, with the reason.
+    #: Newer checkpoints of the run that were skipped, with the reason
+    #: (dicts with url and reason): uncommitted or invalid ones, and those
+    #: whose data turned out damaged while loading.
     skipped: list = field(default_factory=list)
     #: Checkpoint keys nothing asked for.
     extra_keys: list = field(default_factory=list)
@@ -230,40 +299,72 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     ``frozen``. load_optimizer=False still restores the step and the
     scheduler (and sets each group's lr from the scheduler). extra_state,
     a dict of further top-level keys, is filled in place. The metadata is
-    read once, by the reader that then serves the data."""
+    read once, by the reader that then serves the data.
+
+    For a run URL, a checkpoint whose data turns out damaged (a CRC32C
+    mismatch, a missing or truncated data object) is passed over for the
+    next older valid one, as `ckpt train --resume` does (the Go core's
+    catalog.LoadWithFallback): a RuntimeWarning (and the log) names the
+    damaged checkpoint and the one used, ``skipped`` lists it, and the
+    report describes the one loaded. Such a load writes each tensor once
+    (every attempt overwrites every target), so when no older checkpoint is
+    valid either the error leaves the tensors partly overwritten; a
+    checkpoint URL (no fallback) is loaded transactionally. With several
+    ranks, ranks that fell back to different checkpoints all reload the
+    oldest of them."""
     rank = _rank()
-    ck = _open_choice(url)
+    ck, run_url = _open_choice(url)
     try:
         if ck.none:
             return None
-        return _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank)
+        out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
+                           run_url)
     finally:
         ck.close()
+    if run_url and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # Every rank must resume from the same checkpoint: a rank whose own
+        # data was damaged fell back further than the others.
+        steps = [None] * dist.get_world_size()
+        dist.all_gather_object(steps, out.checkpoint_step)
+        oldest = min(steps)
+        if out.checkpoint_step != oldest:
+            skipped = out.skipped + [{"url": out.url, "reason": "another rank fell back to an older checkpoint"}]
+            ck = Checkpoint(step_url(run_url, oldest))
+            try:
+                out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix,
+                                   rank, None)
+            finally:
+                ck.close()
+            out.skipped = skipped + out.skipped
+    return out
 
 
 def _open_choice(url):
-    """Open the checkpoint to resume from; with a process group, rank 0
+    """Open the checkpoint to resume from, and the run URL when url is a run
+    (the checkpoint was chosen from it); with a process group, rank 0
     chooses and the others open its choice."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return Checkpoint(url)
+        ck = Checkpoint(url)
+        return ck, (url if ck.info.get("name") else None)
     choice = [None]
     ck = None
     if dist.get_rank() == 0:
         ck = Checkpoint(url)
         choice = ["" if ck.none else (ck.info.get("name") or "")]
     dist.broadcast_object_list(choice, src=0)
+    run_url = url if choice[0] else None
     if ck is not None:
-        return ck
+        return ck, run_url
     if choice[0] == "":
         # rank 0 found no checkpoint, or url is a checkpoint itself.
-        return Checkpoint(url)
+        return Checkpoint(url), None
     base, sep, query = url.partition("?")
-    return Checkpoint(f"{base.rstrip('/')}/{choice[0]}{sep}{query}")
+    return Checkpoint(f"{base.rstrip('/')}/{choice[0]}{sep}{query}"), run_url
 
 
-def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank):
-    md = ck.torch_metadata()
-    saved_keys = set(md.state_dict_metadata)
+def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
+                 run_url=None):
+    saved_keys = ck.keys()
     m = _unwrap(model)
     target = {MODEL_KEY: m.state_dict()}
     slot_names = None
@@ -321,8 +422,19 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     }
     if slot_names:
         spec["optimizer_slots"] = slot_names
-    # Every rule and every CRC is checked before any buffer is written.
+    if run_url:
+        spec["fallback_run"] = run_url
+    # Every rule is checked before any buffer is written, and every CRC
+    # (without a fallback) too.
     rep = ck.load(spec, buffers)
+    for fb in rep.get("fallbacks") or []:
+        msg = (f"checkpoint {fb['url']} is damaged ({fb['reason']}); resuming from the next older valid checkpoint, "
+               f"{rep['info']['url']}")
+        log.warning("%s", msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    if rep.get("info"):
+        ck.info = rep["info"]
+        ck.url = ck.info["url"]
     for local, dst in copies:
         local.copy_(dst)
 
@@ -349,7 +461,8 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     step = rep.get("Iteration") or 0
     if STEP_KEY in nested and isinstance(nested[STEP_KEY], int):
         step = nested[STEP_KEY]
-    out = ResumeReport(step=int(step), url=ck.url, lazy_params=lazy, optimizer_loaded=loaded_optim,
+    out = ResumeReport(step=int(step), url=ck.url, checkpoint_step=int(ck.info.get("step") or 0), lazy_params=lazy,
+                       optimizer_loaded=loaded_optim,
                        skipped=ck.info.get("skipped") or [], extra_keys=list(rep.get("ExtraKeys") or []),
                        summary=rep.get("summary", ""), bytes_read=rep.get("BytesRead", 0),
                        read_requests=rep.get("ReadRequests", 0))

@@ -95,6 +95,11 @@ class _StoredItem:
 
 
 class StorageWriter(_TorchStorageWriter):
+    # torch's AsyncStager protocol (torch.distributed.checkpoint.staging),
+    # for dcp.async_save: stage() below. Staging blocks, so async_save need
+    # not synchronize after starting the save.
+    _synchronize_after_execute = False
+
     """A DCP StorageWriter writing to a ckptkit URL.
 
     ``dcp.save(sd, storage_writer=StorageWriter("s3://b/run/step-00000100"))``
@@ -122,6 +127,51 @@ class StorageWriter(_TorchStorageWriter):
         self.optimizer = optimizer
         self.save_id = str(uuid.uuid4())
         self._store = None
+        self._staged = None  # the copy stage() made, reused by the next stage()
+        self._busy = threading.Lock()  # held from stage() to the end of finish()
+
+    # -- torch.distributed.checkpoint.staging.AsyncStager --------------------
+
+    @property
+    def should_synchronize_after_execute(self):
+        """False: stage() returns once the copy is complete."""
+        return self._synchronize_after_execute
+
+    def stage(self, state_dict):
+        """The copy dcp.async_save writes in the background: every tensor,
+        CPU ones included, copied into host memory (torch 2.6's default
+        staging only moves tensors to the CPU, which leaves a CPU tensor
+        uncopied, so the next training step changes what is being
+        written). The copy holds the whole state; this writer keeps it and
+        reuses it for its next async_save once the save using it has written
+        its data, so a writer reused from save to save holds one state's
+        size of staging memory (two while saves overlap), allocated once."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        reuse = self._busy.acquire(blocking=False)
+        if reuse and (self._staged is None or not _same_layout(self._staged, state_dict)):
+            self._staged = None
+            self._staged = _create_cpu_state_dict(state_dict)
+        try:
+            if not reuse:
+                # The previous save still reads the kept copy: a fresh one.
+                return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
+            return _copy_state_dict(state_dict, self._staged, type_check=False)
+        except BaseException:
+            if reuse:
+                self._busy.release()
+            raise
+
+    def synchronize_staging(self):
+        """Nothing to wait for: stage() returns once the copy is done."""
+
+    def _staged_written(self):
+        """The data is written: the kept copy may be reused."""
+        if self._busy.locked():
+            try:
+                self._busy.release()
+            except RuntimeError:
+                pass
 
     # -- torch.distributed.checkpoint.StorageWriter --------------------------
 
@@ -195,6 +245,7 @@ class StorageWriter(_TorchStorageWriter):
                 f.result()
         finally:
             pool.shutdown(wait=True)
+            self._staged_written()
         fut = Future()
         fut.set_result(results)
         return fut
@@ -320,6 +371,21 @@ class _Part:
             bufs.append(whole[a:b] if kind == "buf" else ckptkit.RawBuffer(a, b))
             groups.append(item)
         return bufs, groups
+
+
+def _same_layout(staged, state_dict):
+    """Whether the staged copy has state_dict's keys and tensor shapes and
+    dtypes (so it can take the next copy)."""
+    if type(staged) is not type(state_dict) and not (isinstance(staged, dict) and isinstance(state_dict, dict)):
+        return False
+    if isinstance(state_dict, dict):
+        return staged.keys() == state_dict.keys() and all(_same_layout(staged[k], state_dict[k]) for k in state_dict)
+    if isinstance(state_dict, (list, tuple)):
+        return len(staged) == len(state_dict) and all(_same_layout(a, b) for a, b in zip(staged, state_dict))
+    if isinstance(state_dict, torch.Tensor):
+        return (isinstance(staged, torch.Tensor) and staged.shape == state_dict.shape and staged.dtype == state_dict.dtype
+                and staged.stride() == state_dict.stride())
+    return True
 
 
 def _estimate(wi):
@@ -563,6 +629,15 @@ class Checkpoint(_lib.Closing):
                 raise ckptkit.BadCheckpointError(f"{self.url}: .metadata is not a DCP Metadata")
             self._md = md
         return self._md
+
+    def keys(self):
+        """The keys the checkpoint holds (tensors and byte values), from the
+        metadata read at open: DCP's or ckptkit's native one (the format
+        async saves write)."""
+        if self.info.get("format") == "torch-dcp":
+            return set(self.torch_metadata().state_dict_metadata)
+        md = json.loads(self.raw_metadata())
+        return {e["key"] for e in (md.get("tensors") or []) + (md.get("bytes") or [])}
 
     def crcs(self):
         """{(object, offset, length): crc32c} from the integrity object, or

@@ -1,4 +1,4 @@
-package main
+package catalog
 
 import (
 	"context"
@@ -6,37 +6,39 @@ import (
 	"fmt"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
 )
 
-// dataDamaged tells whether a load failed on the stored bytes themselves (a
+// DataDamaged tells whether a load failed on the stored bytes themselves (a
 // CRC32C mismatch, an invalid bool byte, a missing or truncated data
 // object): damage the metadata could not show, found while reading, so an
 // older checkpoint may still be good.
-func dataDamaged(err error) bool {
+func DataDamaged(err error) bool {
 	return errors.Is(err, loader.ErrChecksum) || errors.Is(err, loader.ErrInvalidBool) || errors.Is(err, loader.ErrMissingObject)
 }
 
-// loadWithFallback loads found with load (which builds fresh targets on
-// every call, since a failed one-pass load leaves them partly filled). When
-// the data of a checkpoint turns out damaged, it says so through logf and
-// tries the next older valid checkpoint of run, until one loads. It returns
-// the checkpoint loaded and its report.
-func loadWithFallback(ctx context.Context, run *backend.Store, found *catalog.Found, load func(*loader.Checkpoint) (*loader.Report, error), logf func(string, ...any)) (*loader.Checkpoint, *loader.Report, error) {
-	var entries []catalog.Entry
+// LoadWithFallback loads found (a checkpoint of run) with load, which must
+// build fresh targets or overwrite every target on each call, since a failed
+// one-pass load leaves them partly filled. When the data of a checkpoint
+// turns out damaged (DataDamaged), it says so through logf and tries the
+// next older valid checkpoint of run, until one loads; any other failure is
+// returned as it is. It returns the checkpoint loaded and its report. This
+// is the one fallback rule of a resume: `ckpt train --resume` and the C
+// ABI's resume both use it.
+func LoadWithFallback(ctx context.Context, run *backend.Store, found *Found, load func(*loader.Checkpoint) (*loader.Report, error), logf func(string, ...any)) (*loader.Checkpoint, *loader.Report, error) {
+	var entries []Entry
 	for {
 		c := found.Checkpoint
 		rep, err := load(c)
 		if err == nil {
 			return c, rep, nil
 		}
-		if !dataDamaged(err) {
+		if !DataDamaged(err) {
 			return nil, nil, err
 		}
 		if entries == nil {
 			var lerr error
-			if entries, lerr = catalog.List(ctx, run); lerr != nil {
+			if entries, lerr = List(ctx, run); lerr != nil {
 				return nil, nil, fmt.Errorf("%w; listing %s for an older checkpoint: %w", err, run, lerr)
 			}
 		}
@@ -46,7 +48,7 @@ func loadWithFallback(ctx context.Context, run *backend.Store, found *catalog.Fo
 			i++
 		}
 		entries = entries[:i]
-		older, skipped, lerr := catalog.LatestIn(ctx, run, entries, false)
+		older, skipped, lerr := LatestIn(ctx, run, entries, false)
 		for _, s := range skipped {
 			logf("skipping %s: %s", s.Entry.URL, s.Reason)
 		}

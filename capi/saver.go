@@ -1,0 +1,350 @@
+package main
+
+/*
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"runtime/cgo"
+	"time"
+	"unsafe"
+
+	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/coordinator"
+	"github.com/ckptkit/ckptkit/saver"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// The asynchronous saves of the C ABI are saver.Saver's, as they are: a
+// saver handle owns one saver.Saver (its staging pool, its one save in
+// flight, its pending failure); a save handle is one saver.Handle. Nothing
+// of the staging is done here: the caller's buffers are read only until
+// ckpt_saver_save returns, which is when saver.SaveAsync says the state is
+// staged.
+
+// saverHandle is what a saver handle refers to.
+type saverHandle struct {
+	sv *saver.Saver
+}
+
+// saveHandle is one asynchronous save: the saver's handle and the stores
+// and coordinator the save uses, released once it ends (done is closed
+// after that).
+type saveHandle struct {
+	h    *saver.Handle
+	url  string
+	done chan struct{}
+	// cleanupErr is a failure to release the coordinator (rank 0 waits for
+	// the other ranks and removes the group's objects); the checkpoint's
+	// outcome is h's.
+	cleanupErr error
+}
+
+// saveSpec is the JSON a caller passes to ckpt_saver_save: one rank's
+// state (tensors in C buffers, byte values inline), the options of
+// saver.Options, and for a multi-process save the store coordinator all
+// ranks share.
+type saveSpec struct {
+	// Tensors are read from the buffers passed to ckpt_saver_save until
+	// it returns.
+	Tensors []tensorSpec `json:"tensors"`
+	// Bytes are the byte values by key (base64 in the JSON).
+	Bytes map[string][]byte `json:"bytes"`
+
+	Iteration       int64    `json:"iteration"`
+	NoSaveOptimizer bool     `json:"no_save_optimizer"`
+	ModelPrefix     string   `json:"model_prefix"`
+	OptimizerPrefix string   `json:"optimizer_prefix"`
+	OptimizerSlots  []string `json:"optimizer_slots"`
+	Params          []string `json:"params"`
+	Overwrite       bool     `json:"overwrite"`
+	MaxObjectBytes  int64    `json:"max_object_bytes"`
+	Concurrency     int      `json:"concurrency"`
+
+	// Coordinator, when set, makes the save one rank's part of a
+	// collective save of World ranks (processes) coordinated through
+	// objects under URL (coordinator.NewStore), in the session Group that
+	// every rank passes and no other save uses.
+	Coordinator *struct {
+		URL   string `json:"url"`
+		Group string `json:"group"`
+		Rank  int    `json:"rank"`
+		World int    `json:"world"`
+	} `json:"coordinator"`
+}
+
+// stateDict builds the rank's state over the C buffers (no copy).
+func (sp *saveSpec) stateDict(ptrs []unsafe.Pointer) (*statedict.StateDict, error) {
+	sd := statedict.New()
+	for _, ts := range sp.Tensors {
+		sh, err := ts.shard(ptrs)
+		if err != nil {
+			return nil, err
+		}
+		sd.Tensors[ts.Key] = sh
+	}
+	for k, v := range sp.Bytes {
+		if v == nil {
+			v = []byte{}
+		}
+		sd.Bytes[k] = v
+	}
+	return sd, nil
+}
+
+func (sp *saveSpec) options() saver.Options {
+	return saver.Options{Iteration: sp.Iteration, NoSaveOptimizer: sp.NoSaveOptimizer, ModelPrefix: sp.ModelPrefix,
+		OptimizerPrefix: sp.OptimizerPrefix, OptimizerSlots: sp.OptimizerSlots, Params: sp.Params, Overwrite: sp.Overwrite,
+		MaxObjectBytes: sp.MaxObjectBytes, Concurrency: sp.Concurrency}
+}
+
+func saverOf(h C.uintptr_t) (*saverHandle, error) { return handleValue[*saverHandle](h, "saver") }
+
+func saveOf(h C.uintptr_t) (*saveHandle, error) { return handleValue[*saveHandle](h, "save") }
+
+// ckpt_saver_new creates an asynchronous saver (saver.NewSaver) whose
+// staging never holds more than staging_bytes (0: saver.DefaultStagingBytes,
+// at least saver.MinStagingBytes). Keep one per process for the whole run.
+//
+//export ckpt_saver_new
+func ckpt_saver_new(stagingBytes C.int64_t, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	sv, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: int64(stagingBytes)})
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = C.uintptr_t(cgo.NewHandle(&saverHandle{sv: sv}))
+	return 0
+}
+
+// ckpt_saver_default_staging_bytes is saver.DefaultStagingBytes.
+//
+//export ckpt_saver_default_staging_bytes
+func ckpt_saver_default_staging_bytes() C.int64_t { return saver.DefaultStagingBytes }
+
+// ckpt_saver_save starts an asynchronous save of one rank's state (spec,
+// JSON: see saveSpec; the tensors in the nbufs C buffers bufs) to the
+// checkpoint at url and returns once the state is staged: from then on the
+// caller may change its buffers. It first waits for the saver's save in
+// flight; if that one failed and no call reported it yet, this call fails
+// with that error instead of starting (saver.Saver's rule). A save that
+// fails before it is staged fails here. *out receives the save handle
+// (release it with ckpt_save_release).
+//
+//export ckpt_saver_save
+func ckpt_saver_save(h C.uintptr_t, url, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, out *C.uintptr_t,
+	cls *C.int, rule, msg **C.char) C.int {
+	svh, err := saverOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	var sp saveSpec
+	if err := json.Unmarshal([]byte(C.GoString(spec)), &sp); err != nil {
+		return fail(fmt.Errorf("%w: save spec: %v", errUsage, err), cls, rule, msg)
+	}
+	var ptrs []unsafe.Pointer
+	if nbufs > 0 {
+		ptrs = unsafe.Slice(bufs, int(nbufs))
+	}
+	sd, err := sp.stateDict(ptrs)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	sh, err := startSave(svh.sv, C.GoString(url), &sp, sd)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = C.uintptr_t(cgo.NewHandle(sh))
+	return 0
+}
+
+// startSave opens the stores (and coordinator) of one save and starts it;
+// they are released by a goroutine once the save ends.
+func startSave(sv *saver.Saver, url string, sp *saveSpec, sd *statedict.StateDict) (*saveHandle, error) {
+	// The background save runs under its own context: the caller's
+	// thread returns once the state is staged.
+	ctx := context.Background()
+	sh, err := openStore(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		coord  coordinator.Coordinator
+		cst    *storeHandle
+		closer func(context.Context) error
+	)
+	if c := sp.Coordinator; c != nil && c.World > 1 {
+		if cst, err = openStore(ctx, c.URL); err != nil {
+			_ = closeStore(sh)
+			return nil, fmt.Errorf("save %s: coordination store: %w", sh.st, err)
+		}
+		sc, err := coordinator.NewStore(cst.st, c.Group, c.Rank, c.World, coordinator.StoreOptions{})
+		if err != nil {
+			_ = closeStore(sh)
+			_ = closeStore(cst)
+			return nil, ckpterr.WithClass(fmt.Errorf("save %s: %w", sh.st, err), ckpterr.Usage)
+		}
+		coord, closer = sc, sc.Close
+	}
+	opts := sp.options()
+	var h *saver.Handle
+	if coord != nil {
+		h, err = sv.SaveAsync(ctx, sh.st, coord, sd, opts)
+	} else {
+		h, err = sv.SaveLocalAsync(ctx, sh.st, []*statedict.StateDict{sd}, opts)
+	}
+	release := func(s *saveHandle) {
+		if closer != nil {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			err := closer(cctx)
+			cancel()
+			if s != nil {
+				s.cleanupErr = err
+			}
+		}
+		if cst != nil {
+			_ = closeStore(cst)
+		}
+		_ = closeStore(sh)
+	}
+	if h == nil {
+		// Refused before it started (the previous save's failure, a
+		// canceled wait): nothing runs in the background.
+		release(nil)
+		return nil, err
+	}
+	s := &saveHandle{h: h, url: sh.st.String(), done: make(chan struct{})}
+	go func() {
+		<-h.Done()
+		release(s)
+		close(s.done)
+	}()
+	if err != nil {
+		// Failed before it was staged; the handle is final.
+		return nil, err
+	}
+	return s, nil
+}
+
+// ckpt_save_state returns where a save stands: 0 staging, 1 staged (being
+// written), 2 committed, 3 failed, -1 for an invalid handle.
+//
+//export ckpt_save_state
+func ckpt_save_state(h C.uintptr_t) C.int {
+	s, err := saveOf(h)
+	if err != nil {
+		return -1
+	}
+	return C.int(s.h.State())
+}
+
+// saveResult is what ckpt_save_wait returns for a committed save.
+type saveResult struct {
+	URL           string  `json:"url"`
+	BytesWritten  int64   `json:"bytes_written"`
+	MetadataBytes int     `json:"metadata_bytes"`
+	Seconds       float64 `json:"seconds"`
+	StallSeconds  float64 `json:"stall_seconds"`
+	WaitedSeconds float64 `json:"waited_seconds"`
+	Warning       string  `json:"warning,omitempty"`
+}
+
+// ckpt_save_wait waits at most timeout_ms milliseconds (< 0: without limit)
+// for the save to end. *done is 0 when the time ran out (the call then
+// succeeds); otherwise the call returns the save's outcome: 0 with *result
+// (JSON, see saveResult) when it committed, or -1 with its error. Waiting
+// does not consume the failure: the saver's next save still reports it.
+//
+//export ckpt_save_wait
+func ckpt_save_wait(h C.uintptr_t, timeoutMs C.int64_t, done *C.int, result **C.char, cls *C.int, rule, msg **C.char) C.int {
+	s, err := saveOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*done = 0
+	if timeoutMs < 0 {
+		<-s.done
+	} else {
+		t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-s.done:
+		case <-t.C:
+			return 0
+		}
+	}
+	*done = 1
+	res, err := s.h.Wait(context.Background())
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	out := saveResult{URL: res.URL, BytesWritten: res.BytesWritten, MetadataBytes: res.MetadataBytes,
+		Seconds: s.h.Elapsed().Seconds(), StallSeconds: s.h.Stall().Seconds(), WaitedSeconds: s.h.Waited().Seconds()}
+	if s.cleanupErr != nil {
+		out.Warning = s.cleanupErr.Error()
+	}
+	str, err := cjson(out)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*result = str
+	return 0
+}
+
+// ckpt_save_release releases a save handle (the save itself goes on if it
+// is still running).
+//
+//export ckpt_save_release
+func ckpt_save_release(h C.uintptr_t) {
+	if _, err := saveOf(h); err == nil {
+		cgo.Handle(h).Delete()
+	}
+}
+
+// ckpt_saver_stats returns the saver's staging figures (saver.Stats) as
+// JSON {budget_bytes, pool_bytes, held_bytes, peak_bytes}.
+//
+//export ckpt_saver_stats
+func ckpt_saver_stats(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.char) C.int {
+	svh, err := saverOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	st := svh.sv.Stats()
+	s, err := cjson(map[string]int64{"budget_bytes": st.BudgetBytes, "pool_bytes": st.PoolBytes, "held_bytes": st.HeldBytes, "peak_bytes": st.PeakBytes})
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	*out = s
+	return 0
+}
+
+// ckpt_saver_idle waits for the saver's save in flight and fails with its
+// error if it failed and no call reported that yet. A synchronous save calls
+// it first, so it never overlaps an asynchronous one and a background
+// failure is reported by it too. The staging pool is kept for the next save,
+// unless the save failed. With close set the saver handle is released as
+// well (saver.Saver.Close: the pool too).
+//
+//export ckpt_saver_idle
+func ckpt_saver_idle(h C.uintptr_t, closeIt C.int, cls *C.int, rule, msg **C.char) C.int {
+	svh, err := saverOf(h)
+	if err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	ctx := context.Background()
+	if closeIt != 0 {
+		cgo.Handle(h).Delete()
+	} else if _, err := svh.sv.Wait(ctx); err == nil {
+		return 0 // the newest save committed: nothing to report
+	}
+	// Close reports the failure only if no save call returned it yet.
+	if err := svh.sv.Close(ctx); err != nil {
+		return fail(err, cls, rule, msg)
+	}
+	return 0
+}

@@ -1,0 +1,210 @@
+"""Asynchronous saves through the Go core's saver (saver.Saver, driven by the
+C ABI's ckpt_saver_* calls): the state is staged into the saver's pool,
+bounded by its staging budget, the call returns, and the data objects are
+written in the background with the metadata committed last. Nothing is
+staged in Python: the Go saver copies straight out of the tensors' memory
+before ckpt_saver_save returns.
+"""
+
+import atexit
+import ctypes
+import io
+import json
+import threading
+
+import torch
+
+from ckptkit import _lib
+from ckptkit.errors import UsageError
+
+#: The states of an asynchronous save, as ckpt_save_state numbers them.
+STATES = ("staging", "staged", "committed", "failed")
+
+
+def default_staging_bytes():
+    """The Go saver's default staging budget (saver.DefaultStagingBytes)."""
+    return int(_lib.lib().ckpt_saver_default_staging_bytes())
+
+
+class AsyncSaver(_lib.Closing):
+    """One saver.Saver of the Go core: its staging pool (at most
+    ``staging_bytes`` held at any moment, reused from save to save), at most
+    one save in flight, and the rule that a background failure is reported
+    by the next save as well as by ``AsyncSave.wait``."""
+
+    def __init__(self, staging_bytes=None):
+        self.staging_bytes = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
+        h = ctypes.c_size_t(0)
+        _lib.call("ckpt_saver_new", self.staging_bytes, ctypes.byref(h))
+        self._h = h
+
+    def _handle(self):
+        if not self._h.value:
+            raise UsageError("the saver is closed")
+        return self._h
+
+    def save(self, url, spec, tensors):
+        """Start the save of one rank's state to the checkpoint url: spec is
+        the C ABI's save spec (capi/saver.go saveSpec) without the
+        tensors, tensors a list of (spec entry, contiguous CPU tensor).
+        Returns an AsyncSave once the state is staged."""
+        entries, ptrs = [], []
+        for entry, t in tensors:
+            nbytes = t.numel() * t.element_size()
+            entry = dict(entry, nbytes=nbytes, buf=len(ptrs))
+            ptrs.append(t.data_ptr() if nbytes else None)
+            entries.append(entry)
+        spec = dict(spec, tensors=entries)
+        arr = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+        out = ctypes.c_size_t(0)
+        # tensors stays referenced for the whole call: the Go saver reads
+        # their memory until the state is staged, and never after.
+        _lib.call("ckpt_saver_save", self._handle(), url.encode(), json.dumps(spec).encode(), arr, len(ptrs),
+                  ctypes.byref(out))
+        return AsyncSave(out, url)
+
+    def stats(self):
+        """The staging figures: budget_bytes, pool_bytes (allocated),
+        held_bytes (now), peak_bytes (since the saver was created)."""
+        out = ctypes.c_void_p()
+        _lib.call("ckpt_saver_stats", self._handle(), ctypes.byref(out))
+        return json.loads(_lib.take_string(out))
+
+    def idle(self):
+        """Wait for the save in flight; raise its error if it failed and no
+        save reported it yet."""
+        _lib.call("ckpt_saver_idle", self._handle(), 0)
+
+    def close(self):
+        """Wait for the save in flight and release the saver (idempotent);
+        raises the save's error like idle()."""
+        if self._h.value:
+            h, self._h = self._h, ctypes.c_size_t(0)
+            _lib.call("ckpt_saver_idle", h, 1)
+
+
+class AsyncSave:
+    """An asynchronous save returned by ``ckptkit.torch.save(...,
+    async_save=True)``: staged when you get it (the tensors may change), then
+    written in the background and committed last.
+
+    ``wait(timeout=None)`` returns the checkpoint URL once committed, or
+    raises the save's error (the ckptkit exception of its class);
+    ``done()`` tells whether it has ended; ``status`` is "staged",
+    "committed" or "failed"; ``result`` (after wait) holds the Go saver's
+    figures: bytes_written, seconds (start to commit), stall_seconds (how
+    long save() blocked: waiting for the previous save, planning, staging).
+    """
+
+    def __init__(self, handle, url):
+        self._h = handle
+        self.url = url
+        self.result = None
+        self._error = None
+        self._lock = threading.Lock()
+
+    @property
+    def status(self):
+        """"staging", "staged", "committed" or "failed"."""
+        if self.result is not None:
+            return "committed"
+        if self._error is not None:
+            return "failed"
+        st = _lib.lib().ckpt_save_state(self._h)
+        return STATES[st] if 0 <= st < len(STATES) else "failed"
+
+    def done(self):
+        """True once the save has committed or failed."""
+        return self.status in ("committed", "failed")
+
+    def wait(self, timeout=None):
+        """Wait for the commit (at most timeout seconds: TimeoutError after
+        that, the save goes on) and return the checkpoint URL; raise the
+        save's error if it failed. Waiting does not consume the error: the
+        next save raises it too."""
+        with self._lock:
+            if self.result is None and self._error is None:
+                ms = -1 if timeout is None else max(0, int(timeout * 1000))
+                done = ctypes.c_int(0)
+                out = ctypes.c_void_p()
+                try:
+                    _lib.call("ckpt_save_wait", self._h, ms, ctypes.byref(done), ctypes.byref(out))
+                except Exception as e:  # the save's own error
+                    self._error = e
+                else:
+                    if not done.value:
+                        raise TimeoutError(f"the save to {self.url} has not ended after {timeout} s")
+                    self.result = json.loads(_lib.take_string(out))
+                if self.result is not None or self._error is not None:
+                    _lib.lib().ckpt_save_release(self._h)
+            if self._error is not None:
+                raise self._error
+            return self.url
+
+    def __repr__(self):
+        return f"<AsyncSave {self.url} {self.status}>"
+
+
+_saver = None
+_saver_lock = threading.Lock()
+
+
+def saver_for(staging_bytes):
+    """The process's saver, with the staging budget asked for (None: the Go
+    default). A different budget replaces it once its save in flight has
+    ended (raising that save's failure if no save reported it yet)."""
+    global _saver
+    budget = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
+    with _saver_lock:
+        if _saver is not None and budget != _saver.staging_bytes:
+            old, _saver = _saver, None
+            old.close()
+        if _saver is None:
+            _saver = AsyncSaver(budget)
+        return _saver
+
+
+def current_saver():
+    """The process's saver, or None before the first asynchronous save."""
+    return _saver
+
+
+def _wait_at_exit():
+    # A job that ends right after an asynchronous save still commits it.
+    s = _saver
+    if s is not None:
+        try:
+            s.idle()
+        except Exception:
+            pass
+
+
+atexit.register(_wait_at_exit)
+
+
+def encode_value(key, v):
+    """A non-tensor value as stored bytes: JSON when it has a JSON form,
+    else a torch.save archive (weights_only loadable); resume decodes both."""
+    try:
+        return json.dumps(v, allow_nan=True).encode()
+    except (TypeError, ValueError):
+        pass
+    buf = io.BytesIO()
+    try:
+        torch.save(v, buf)
+    except Exception as e:
+        raise UsageError(f"{key}: the value {type(v).__name__} cannot be saved: {e}") from e
+    return buf.getvalue()
+
+
+def host_tensor(key, t):
+    """t (or its local shard) as a contiguous CPU tensor to stage from:
+    itself when it already is one (no copy), else a copy."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t
