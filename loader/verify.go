@@ -1,11 +1,13 @@
 package loader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -275,85 +277,82 @@ func contains(xs []string, x string) bool {
 }
 
 // deepBatchChunks is how many chunks deepCheck plans and reads at a time:
-// the plan of a whole checkpoint costs more memory than its metadata, so
-// memory would follow the number of chunks.
+// a plan of every chunk at once costs more memory than the metadata.
 const deepBatchChunks = 1 << 16
 
+// deepItem is one chunk (chunk -1: a bytes entry) deepCheck reads.
+type deepItem struct {
+	object         string
+	offset, length int64
+	entry, chunk   int32
+}
+
 // deepCheck reads every chunk of every present object and checks it, in
-// batches of about deepBatchChunks chunks (whole tensors).
+// batches of deepBatchChunks chunks, each read whole, in object order,
+// adjacent ones coalesced: no load plan (its copies into targets are not
+// needed here, and cost several times the chunk entries).
 func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int, progress func(done, total int64)) (int64, []Finding, error) {
 	if conc <= 0 {
 		conc = 8
 	}
 	md := c.md
-	var reqs []planner.ReadRequest
 	var total int64 // the bytes to read, for progress
 	skipped := func(t *metadata.TensorEntry) bool {
 		if planner.CheckCoverage(t) != nil {
-			return true // reported as shard-coverage; reads would not plan
+			return true // reported as shard-coverage
 		}
 		for _, ch := range t.Chunks {
 			if skipObjects[ch.Object] {
 				return true
 			}
 		}
-		return len(t.Chunks) == 0
+		return false
 	}
 	for i := range md.Tensors {
 		if t := &md.Tensors[i]; !skipped(t) {
 			for _, ch := range t.Chunks {
-				total += ch.Length
+				if statedict.NumElements(ch.Sizes) > 0 {
+					total += ch.Length
+				}
 			}
 		}
 	}
-	for _, b := range md.Bytes {
+	var items []deepItem // grows up to deepBatchChunks, then is reused
+	for i, b := range md.Bytes {
 		if !skipObjects[b.Object] {
 			total += b.Length
-			reqs = append(reqs, planner.ReadRequest{Key: b.Key, Kind: planner.BytesItem})
+			items = append(items, deepItem{object: b.Object, offset: b.Offset, length: b.Length, entry: int32(i), chunk: -1})
 		}
 	}
 	var read int64
 	var out []Finding
 	var checked atomic.Int64
 	batch := func() error {
-		n, found, err := c.deepCheckBatch(ctx, md, reqs, -1, 0, conc, &checked, total, progress)
+		n, found, err := c.deepCheckBatch(ctx, deepPlan(md, items), conc, &checked, total, progress)
 		read += n
 		out = append(out, found...)
-		reqs = reqs[:0]
+		items = items[:0]
 		return err
 	}
-	chunks := 0
 	for i := range md.Tensors {
 		t := &md.Tensors[i]
 		if skipped(t) {
 			continue
 		}
-		if len(t.Chunks) > deepBatchChunks {
-			// A tensor of many chunks: planned a slice of its chunks at a
-			// time, through a metadata holding only that slice.
-			for a := 0; a < len(t.Chunks); a += deepBatchChunks {
-				part := *t
-				part.Chunks = t.Chunks[a:min(a+deepBatchChunks, len(t.Chunks))]
-				sub := &metadata.Checkpoint{Format: md.Format, Tensors: []metadata.TensorEntry{part}}
-				req := []planner.ReadRequest{{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape}}
-				n, found, err := c.deepCheckBatch(ctx, sub, req, i, a, conc, &checked, total, progress)
-				if err != nil {
+		for j := range t.Chunks {
+			ch := &t.Chunks[j]
+			if statedict.NumElements(ch.Sizes) == 0 {
+				continue // no element: nothing stored
+			}
+			items = append(items, deepItem{object: ch.Object, offset: ch.Offset, length: ch.Length, entry: int32(i), chunk: int32(j)})
+			if len(items) == deepBatchChunks {
+				if err := batch(); err != nil {
 					return 0, nil, err
 				}
-				read += n
-				out = append(out, found...)
 			}
-			continue
-		}
-		reqs = append(reqs, planner.ReadRequest{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape})
-		if chunks += len(t.Chunks); chunks >= deepBatchChunks {
-			if err := batch(); err != nil {
-				return 0, nil, err
-			}
-			chunks = 0
 		}
 	}
-	if len(reqs) > 0 {
+	if len(items) > 0 {
 		if err := batch(); err != nil {
 			return 0, nil, err
 		}
@@ -361,21 +360,58 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	return read, out, nil
 }
 
-// deepCheckBatch reads and checks what reqs ask for of md; checked counts
-// the bytes checked (of total) for progress. With entry >= 0, md holds one
-// tensor, c's tensor entry, from its chunk base on.
-func (c *Checkpoint) deepCheckBatch(ctx context.Context, md *metadata.Checkpoint, reqs []planner.ReadRequest, entry, base int, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
-	plan, err := planner.PlanLoad(md, reqs, planner.LoadOptions{})
-	if err != nil {
-		return 0, nil, err
-	}
-	if entry >= 0 { // indices into c's metadata
-		for o := range plan.Ops {
-			for j := range plan.Ops[o].Chunks {
-				plan.Ops[o].Chunks[j].Entry, plan.Ops[o].Chunks[j].Chunk = entry, plan.Ops[o].Chunks[j].Chunk+base
+// deepPlan returns the reads of items: by object, then offset, each chunk
+// whole, the next joining a read when it starts at or before the read's
+// end and the read stays within planner.DefaultMaxReadBytes (a larger
+// chunk is a read of its own).
+func deepPlan(md *metadata.Checkpoint, items []deepItem) *planner.LoadPlan {
+	slices.SortFunc(items, func(a, b deepItem) int {
+		if c := strings.Compare(a.object, b.object); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.offset, b.offset)
+	})
+	plan := &planner.LoadPlan{}
+	reads := make([]planner.ChunkRead, len(items))
+	var starts []int
+	for i, it := range items {
+		n := len(plan.Ops)
+		if n > 0 {
+			op := &plan.Ops[n-1]
+			end := op.Offset + op.Length
+			if it.object == op.Object && it.offset <= end && max(end, it.offset+it.length)-op.Offset <= planner.DefaultMaxReadBytes {
+				op.Length = max(end, it.offset+it.length) - op.Offset
+				reads[i] = chunkRead(md, it, op.Offset)
+				continue
 			}
 		}
+		starts = append(starts, i)
+		plan.Ops = append(plan.Ops, planner.ReadOp{Object: it.object, Offset: it.offset, Length: it.length})
+		reads[i] = chunkRead(md, it, it.offset)
 	}
+	starts = append(starts, len(reads))
+	for o := range plan.Ops {
+		plan.Ops[o].Chunks = reads[starts[o]:starts[o+1]:starts[o+1]]
+		plan.BytesRead += plan.Ops[o].Length
+	}
+	plan.BytesNeeded = plan.BytesRead
+	return plan
+}
+
+// chunkRead is item it of a read that starts at opOffset.
+func chunkRead(md *metadata.Checkpoint, it deepItem, opOffset int64) planner.ChunkRead {
+	key := ""
+	if it.chunk < 0 {
+		key = md.Bytes[it.entry].Key
+	} else {
+		key = md.Tensors[it.entry].Key
+	}
+	return planner.ChunkRead{Key: key, Entry: int(it.entry), Chunk: int(it.chunk), Start: it.offset - opOffset, Length: it.length}
+}
+
+// deepCheckBatch reads and checks the chunks of plan; checked counts the
+// bytes checked (of total) for progress.
+func (c *Checkpoint) deepCheckBatch(ctx context.Context, plan *planner.LoadPlan, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
