@@ -44,10 +44,11 @@ func manyChunkCheckpoint(t *testing.T, n int) string {
 }
 
 // Regression (issue 16, memory far above input): verify --deep planned the
-// reads of every chunk at once, a plan several times the metadata's size
-// (4M chunks of one tensor: 2.1 GB RSS for 452 MiB of metadata). It now
-// plans and reads 64k chunks at a time, splitting a tensor of more: every
-// chunk is still read once and checked, and a bad one named.
+// reads of every chunk at once, a load plan several times the metadata's
+// size (4M chunks of one tensor: 2.1 GB RSS for 452 MiB of metadata). It
+// now plans its own reads 64k chunks at a time, a tensor of more in
+// several batches: every chunk is still read once and checked, and a bad
+// one named.
 func TestDeepVerifyOfManyChunksIsBatched(t *testing.T) {
 	const n = 200_000 // three batches and a part of a fourth
 	dir := manyChunkCheckpoint(t, n)
