@@ -382,13 +382,19 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 		be := &c.md.Bytes[cr.Entry]
 		enc, crc = be.Encoding, be.CRC32C
 	}
-	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	// Named only when something is wrong: formatting it for every chunk
+	// cost more than checking a small one.
+	where := func() string {
+		return fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	}
 	if enc == metadata.EncodingRaw {
 		if got != crc {
-			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
+			return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where(), crc, got)
 		}
-		if err := checkBool(dtype, stored, where); err != nil {
-			return nil, err
+		if dtype == string(statedict.Bool) {
+			if err := checkBool(dtype, stored, where()); err != nil {
+				return nil, err
+			}
 		}
 		return stored, nil
 	}
@@ -397,24 +403,26 @@ func (c *Checkpoint) verifyChunk(op *planner.ReadOp, cr *planner.ChunkRead, stor
 	// 0 means the format recorded none. got covers the stored bytes
 	// whatever their encoding.
 	if crc != 0 && got != crc {
-		return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
+		return nil, fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where(), crc, got)
 	}
 	dec, err := metadata.Decoder(enc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", where, err)
+		return nil, fmt.Errorf("%s: %w", where(), err)
 	}
 	raw, err := dec(stored, dtype, sizes)
 	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", where, err)
+		return nil, fmt.Errorf("decode %s: %w", where(), err)
 	}
 	if cr.Chunk >= 0 {
 		want := metadata.ElementSize(dtype) * statedict.NumElements(sizes)
 		if int64(len(raw)) != want {
-			return nil, fmt.Errorf("decode %s: %d bytes, want %d for %s%v", where, len(raw), want, dtype, sizes)
+			return nil, fmt.Errorf("decode %s: %d bytes, want %d for %s%v", where(), len(raw), want, dtype, sizes)
 		}
 	}
-	if err := checkBool(dtype, raw, where); err != nil {
-		return nil, err
+	if dtype == string(statedict.Bool) {
+		if err := checkBool(dtype, raw, where()); err != nil {
+			return nil, err
+		}
 	}
 	return raw, nil
 }

@@ -98,13 +98,26 @@ func rowBlocks(te *metadata.TensorEntry) ([]int, bool) {
 // streamRawChunk copies a raw chunk of te to w through streamChecked,
 // after checking that the chunk lies within its object.
 func (c *Checkpoint) streamRawChunk(ctx context.Context, te *metadata.TensorEntry, ch *metadata.Chunk, w io.Writer) error {
-	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", te.Key, c.store.URL(ch.Object), ch.Offset, ch.Length)
+	// Named only when something is wrong (a Sprintf per chunk was most of
+	// inspect --hash's garbage for millions of small chunks).
+	where := func() string {
+		return fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", te.Key, c.store.URL(ch.Object), ch.Offset, ch.Length)
+	}
 	n, err := c.objectSize(ctx, ch.Object)
 	if err != nil {
 		return fmt.Errorf("read %s: tensor %q: %w", c.URL(), te.Key, err)
 	}
 	if ch.Offset > n || ch.Length > n-ch.Offset {
-		return fmt.Errorf("read %s: %w: %s is past the object's end (%d bytes stored)", c.URL(), ErrMissingObject, where, n)
+		return fmt.Errorf("read %s: %w: %s is past the object's end (%d bytes stored)", c.URL(), ErrMissingObject, where(), n)
 	}
 	return c.streamChecked(ctx, ch.Object, ch.Offset, ch.Length, ch.CRC32C, te.DType, where, w)
+}
+
+// StreamsChunks reports whether WriteTensor streams te chunk by chunk
+// through a small buffer (every chunk raw and spanning whole
+// leading-dimension rows), so that writing it costs the same small memory
+// whatever its size and chunking; other layouts are assembled in slabs.
+func StreamsChunks(te *metadata.TensorEntry) bool {
+	_, ok := rowBlocks(te)
+	return ok
 }

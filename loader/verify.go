@@ -1,11 +1,13 @@
 package loader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -274,41 +276,146 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// deepCheck reads every chunk of every present object and checks it.
+// deepBatchChunks is how many chunks deepCheck plans and reads at a time:
+// a plan of every chunk at once costs more memory than the metadata.
+const deepBatchChunks = 1 << 16
+
+// deepItem is one chunk (chunk -1: a bytes entry) deepCheck reads.
+type deepItem struct {
+	object         string
+	offset, length int64
+	entry, chunk   int32
+}
+
+// deepCheck reads every chunk of every present object and checks it, in
+// batches of deepBatchChunks chunks, each read whole, in object order,
+// adjacent ones coalesced: no load plan (its copies into targets are not
+// needed here, and cost several times the chunk entries).
 func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int, progress func(done, total int64)) (int64, []Finding, error) {
 	if conc <= 0 {
 		conc = 8
 	}
 	md := c.md
-	var reqs []planner.ReadRequest
+	var total int64 // the bytes to read, for progress
+	skipped := func(t *metadata.TensorEntry) bool {
+		if planner.CheckCoverage(t) != nil {
+			return true // reported as shard-coverage
+		}
+		for _, ch := range t.Chunks {
+			if skipObjects[ch.Object] {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range md.Tensors {
+		if t := &md.Tensors[i]; !skipped(t) {
+			for _, ch := range t.Chunks {
+				if statedict.NumElements(ch.Sizes) > 0 {
+					total += ch.Length
+				}
+			}
+		}
+	}
+	var items []deepItem // grows up to deepBatchChunks, then is reused
+	for i, b := range md.Bytes {
+		if !skipObjects[b.Object] {
+			total += b.Length
+			items = append(items, deepItem{object: b.Object, offset: b.Offset, length: b.Length, entry: int32(i), chunk: -1})
+		}
+	}
+	var read int64
+	var out []Finding
+	var checked atomic.Int64
+	batch := func() error {
+		n, found, err := c.deepCheckBatch(ctx, deepPlan(md, items), conc, &checked, total, progress)
+		read += n
+		out = append(out, found...)
+		items = items[:0]
+		return err
+	}
 	for i := range md.Tensors {
 		t := &md.Tensors[i]
-		if planner.CheckCoverage(t) != nil {
-			continue // reported as shard-coverage; reads would not plan
-		}
-		skip := false
-		for _, ch := range t.Chunks {
-			skip = skip || skipObjects[ch.Object]
-		}
-		if skip || len(t.Chunks) == 0 {
+		if skipped(t) {
 			continue
 		}
-		reqs = append(reqs, planner.ReadRequest{Key: t.Key, Kind: planner.TensorItem, DType: t.DType, Offsets: make([]int64, len(t.Shape)), Sizes: t.Shape})
-	}
-	for _, b := range md.Bytes {
-		if !skipObjects[b.Object] {
-			reqs = append(reqs, planner.ReadRequest{Key: b.Key, Kind: planner.BytesItem})
+		for j := range t.Chunks {
+			ch := &t.Chunks[j]
+			if statedict.NumElements(ch.Sizes) == 0 {
+				continue // no element: nothing stored
+			}
+			items = append(items, deepItem{object: ch.Object, offset: ch.Offset, length: ch.Length, entry: int32(i), chunk: int32(j)})
+			if len(items) == deepBatchChunks {
+				if err := batch(); err != nil {
+					return 0, nil, err
+				}
+			}
 		}
 	}
-	plan, err := planner.PlanLoad(md, reqs, planner.LoadOptions{})
-	if err != nil {
-		return 0, nil, err
+	if len(items) > 0 {
+		if err := batch(); err != nil {
+			return 0, nil, err
+		}
 	}
+	return read, out, nil
+}
+
+// deepPlan returns the reads of items: by object, then offset, each chunk
+// whole, the next joining a read when it starts at or before the read's
+// end and the read stays within planner.DefaultMaxReadBytes (a larger
+// chunk is a read of its own).
+func deepPlan(md *metadata.Checkpoint, items []deepItem) *planner.LoadPlan {
+	slices.SortFunc(items, func(a, b deepItem) int {
+		if c := strings.Compare(a.object, b.object); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.offset, b.offset)
+	})
+	plan := &planner.LoadPlan{}
+	reads := make([]planner.ChunkRead, len(items))
+	var starts []int
+	for i, it := range items {
+		n := len(plan.Ops)
+		if n > 0 {
+			op := &plan.Ops[n-1]
+			end := op.Offset + op.Length
+			if it.object == op.Object && it.offset <= end && max(end, it.offset+it.length)-op.Offset <= planner.DefaultMaxReadBytes {
+				op.Length = max(end, it.offset+it.length) - op.Offset
+				reads[i] = chunkRead(md, it, op.Offset)
+				continue
+			}
+		}
+		starts = append(starts, i)
+		plan.Ops = append(plan.Ops, planner.ReadOp{Object: it.object, Offset: it.offset, Length: it.length})
+		reads[i] = chunkRead(md, it, it.offset)
+	}
+	starts = append(starts, len(reads))
+	for o := range plan.Ops {
+		plan.Ops[o].Chunks = reads[starts[o]:starts[o+1]:starts[o+1]]
+		plan.BytesRead += plan.Ops[o].Length
+	}
+	plan.BytesNeeded = plan.BytesRead
+	return plan
+}
+
+// chunkRead is item it of a read that starts at opOffset.
+func chunkRead(md *metadata.Checkpoint, it deepItem, opOffset int64) planner.ChunkRead {
+	key := ""
+	if it.chunk < 0 {
+		key = md.Bytes[it.entry].Key
+	} else {
+		key = md.Tensors[it.entry].Key
+	}
+	return planner.ChunkRead{Key: key, Entry: int(it.entry), Chunk: int(it.chunk), Start: it.offset - opOffset, Length: it.length}
+}
+
+// deepCheckBatch reads and checks the chunks of plan; checked counts the
+// bytes checked (of total) for progress.
+func (c *Checkpoint) deepCheckBatch(ctx context.Context, plan *planner.LoadPlan, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
 	pool := readPool(plan, planner.DefaultMaxReadBytes) // conc reads hold one each
-	var checked atomic.Int64
 	for i := range plan.Ops {
 		op := &plan.Ops[i]
 		g.Go(func() error {
@@ -324,7 +431,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 					}
 				}
 				if progress != nil {
-					progress(checked.Add(op.Length), plan.BytesRead)
+					progress(checked.Add(op.Length), total)
 				}
 				return nil
 			}
@@ -338,7 +445,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 				return err
 			}
 			if progress != nil {
-				progress(checked.Add(op.Length), plan.BytesRead)
+				progress(checked.Add(op.Length), total)
 			}
 			for j := range op.Chunks {
 				cr := &op.Chunks[j]
@@ -390,14 +497,16 @@ func (c *Checkpoint) streamChunk(ctx context.Context, op *planner.ReadOp, cr *pl
 	} else {
 		crc = c.md.Bytes[cr.Entry].CRC32C
 	}
-	where := fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	where := func() string {
+		return fmt.Sprintf("key %q in object %s at offset %d (%d bytes)", cr.Key, c.store.URL(op.Object), op.Offset+cr.Start, cr.Length)
+	}
 	return c.streamChecked(ctx, op.Object, op.Offset+cr.Start, cr.Length, crc, dtype, where, io.Discard)
 }
 
 // streamChecked copies length bytes of object from offset to w in
 // streamPiece pieces, checking their CRC32C against crc and, for a bool
-// dtype, that every byte is 0 or 1. where names the item in errors.
-func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, length int64, crc uint32, dtype, where string, w io.Writer) error {
+// dtype, that every byte is 0 or 1. where names the item in errors (called only then).
+func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, length int64, crc uint32, dtype string, where func() string, w io.Writer) error {
 	rc, err := c.store.NewRangeReader(ctx, object, offset, length)
 	if err != nil {
 		return MissingObject(err)
@@ -409,14 +518,14 @@ func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, l
 		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), length-done)])
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where, done+int64(n), io.ErrUnexpectedEOF)
+				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where(), done+int64(n), io.ErrUnexpectedEOF)
 			}
-			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where, done+int64(n), err))
+			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where(), done+int64(n), err))
 		}
 		if dtype == string(statedict.Bool) {
 			for j, b := range buf[:n] {
 				if b > 1 {
-					return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where, done+int64(j), b)
+					return fmt.Errorf("%w: %s: element %d of the chunk is 0x%02x", ErrInvalidBool, where(), done+int64(j), b)
 				}
 			}
 		}
@@ -427,7 +536,7 @@ func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, l
 		done += int64(n)
 	}
 	if got != crc {
-		return fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where, crc, got)
+		return fmt.Errorf("%w: %s: stored CRC32C %08x, computed %08x", ErrChecksum, where(), crc, got)
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package metadata
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -11,8 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
-
-	gojson "github.com/goccy/go-json"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
@@ -64,7 +60,7 @@ func Encode(c *Checkpoint) ([]byte, error) {
 	if err != nil || major != MajorVersion || minor < SealMinorVersion {
 		return out, nil // an older version, written as it was
 	}
-	return Seal(out)
+	return sealEncoded(out), nil
 }
 
 // emptyArrays replaces nil slices with empty ones, so that Encode writes []
@@ -104,7 +100,9 @@ func (c *Checkpoint) emptyArrays() {
 // that differs from a known one only in case, a duplicate member in any
 // object, a missing required member, null where no array is, invalid UTF-8,
 // unknown members in a version it fully knows, and structurally invalid
-// content (see Validate).
+// content (see Validate). Equal short shapes, offsets and sizes of
+// different entries may share one backing array: the decoded value's
+// slices are read-only.
 func Decode(data []byte) (*Checkpoint, error) {
 	if len(data) > MaxSize {
 		return nil, fmt.Errorf("%w: %d bytes exceeds the %d-byte limit", ErrInvalid, len(data), MaxSize)
@@ -114,7 +112,7 @@ func Decode(data []byte) (*Checkpoint, error) {
 	}
 	format, version, err := readHead(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, err
 	}
 	if format != FormatName {
 		return nil, fmt.Errorf("%w: $.format is %q, want %q", ErrInvalid, format, FormatName)
@@ -140,15 +138,12 @@ func Decode(data []byte) (*Checkpoint, error) {
 	if !sealed && (major > 1 || minor >= SealMinorVersion) {
 		return nil, fmt.Errorf("%w: $.%s is missing: format %s documents carry the CRC32C of their body as their last member", ErrInvalid, SealMember, version)
 	}
+	// One pass decodes and enforces the strict rules; unknown members are
+	// refused in a version this reader fully knows, skipped otherwise.
 	known := major == MajorVersion && minor <= MinorVersion
-	if err := checkStrict(data, known); err != nil {
+	c, err := decodeDoc(data, known)
+	if err != nil {
 		return nil, err
-	}
-	// The strict pass has refused unknown members where they are not
-	// allowed; Unmarshal ignores the others.
-	c := new(Checkpoint)
-	if err := gojson.Unmarshal(data, c); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -160,47 +155,6 @@ func Decode(data []byte) (*Checkpoint, error) {
 		return nil, fmt.Errorf("%w: $.%s is not written as the document's last member", ErrInvalid, SealMember)
 	}
 	return c, nil
-}
-
-// readHead returns the "format" and "version" members of the top-level
-// object without parsing the rest: it scans tokens and skips other members'
-// values, stopping as soon as both are found (Encode writes them first), so
-// a huge metadata object is not parsed twice.
-func readHead(data []byte) (format, version string, err error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	tok, err := dec.Token()
-	if err != nil {
-		return "", "", err
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return "", "", errors.New("metadata is not a JSON object")
-	}
-	var haveFormat, haveVersion bool
-	for dec.More() && !(haveFormat && haveVersion) {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", "", err
-		}
-		key, _ := tok.(string)
-		switch key {
-		case "format":
-			haveFormat = true
-			if err := dec.Decode(&format); err != nil {
-				return "", "", fmt.Errorf("format: %w", err)
-			}
-		case "version":
-			haveVersion = true
-			if err := dec.Decode(&version); err != nil {
-				return "", "", fmt.Errorf("version: %w", err)
-			}
-		default:
-			var skip json.RawMessage
-			if err := dec.Decode(&skip); err != nil {
-				return "", "", err
-			}
-		}
-	}
-	return format, version, nil
 }
 
 // ParseVersion splits "MAJOR.MINOR": two decimal numbers without sign or

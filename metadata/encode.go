@@ -33,8 +33,8 @@ func encodeJSON(c *Checkpoint) ([]byte, error) {
 	if at < 0 {
 		return nil, fmt.Errorf("no tensors member in %.80q", h)
 	}
-	split := at + len(tensorsMember) - 1 // at the closing ]
-	out := make([]byte, 0, len(h)+tensorsSize(c.Tensors))
+	split := at + len(tensorsMember) - 1                                  // at the closing ]
+	out := make([]byte, 0, len(h)+tensorsSize(c.Tensors)+len(sealSep)+12) // room for the seal
 	out = append(out, h[:split]...)
 	out, err := appendTensors(out, c.Tensors)
 	if err != nil {

@@ -55,6 +55,19 @@ func Seal(doc []byte) ([]byte, error) {
 	return append(out, '}', '\n'), nil
 }
 
+// sealEncoded seals a document Encode has just written, which has no seal
+// member (Encode omits a zero MetadataCRC32C, and the member's bytes cannot
+// occur inside a JSON string), so no search for one is needed; the seal is
+// appended in place when doc's capacity allows.
+func sealEncoded(doc []byte) []byte {
+	t := bytes.TrimRight(doc, " \t\r\n")
+	body := bytes.TrimRight(t[:len(t)-1], " \t\r\n") // Encode wrote an object: t ends in '}'
+	crc := crc32.Checksum(body, castagnoli)
+	out := append(body, sealSep...)
+	out = strconv.AppendUint(out, uint64(crc), 10)
+	return append(out, '}', '\n')
+}
+
 // checkSeal verifies data's seal when it has one. sealed reports whether it
 // had one; a seal that is present but malformed, misplaced or wrong is
 // ErrInvalid.

@@ -2,7 +2,6 @@ package metadata
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -11,18 +10,17 @@ import (
 	"unicode/utf8"
 )
 
-// The strict pass: one scan over the metadata bytes, before the JSON
-// library decodes them, that enforces what docs/FORMAT.md says and the
-// library does not: member names matched exactly (the library folds case),
-// no duplicate member in any object (the library keeps the last), every
-// required member present, null only where an array may be empty, strings
-// of valid UTF-8 (the library replaces invalid bytes and lone surrogate
-// escapes with U+FFFD), and, in a version this reader fully knows, no
-// unknown member. The schema is derived from the struct tags of Checkpoint,
-// so a field added to the Go types is known to the scan at once: a member
-// whose tag has omitempty or omitzero is optional, every other is required.
-// The scan checks no number grammar and no ranges: the library refuses
-// non-integers and overflow, Validate checks ranges.
+// The strict rules, enforced by the decoder (decode.go) as it decodes, in
+// one pass over the metadata bytes: member names matched exactly (general
+// JSON libraries fold case), no duplicate member in any object (they keep
+// the last), every required member present, null only where an array may
+// be empty, strings of valid UTF-8 without raw control characters or lone
+// surrogate escapes (libraries replace them with U+FFFD), integers without
+// fraction, exponent, leading zero or overflow, and, in a version this
+// reader fully knows, no unknown member. The schema is derived from the
+// struct tags of Checkpoint: a member whose tag has omitempty or omitzero
+// is optional, every other is required; the decoder checks at start-up
+// that it decodes exactly the schema's members. Validate checks ranges.
 
 // valueKind is what a schema member's value must be.
 type valueKind uint8
@@ -139,29 +137,6 @@ type pathElem struct {
 	index int
 }
 
-// checkStrict runs the strict pass over data. strict refuses unknown
-// members.
-func checkStrict(data []byte, strict bool) error {
-	// Outside strings only ASCII is valid JSON, so one check of the whole
-	// document is the check of every string.
-	if !utf8.Valid(data) {
-		return fmt.Errorf("%w: the metadata is not valid UTF-8 (at byte %d)", ErrInvalid, firstInvalidUTF8(data))
-	}
-	s := &strictScan{data: data, strict: strict, path: make([]pathElem, 0, 8)}
-	s.ws()
-	if s.pos >= len(s.data) || s.data[s.pos] != '{' {
-		return s.errorf("the metadata is not a JSON object")
-	}
-	if err := s.object(topSchema, 0); err != nil {
-		return err
-	}
-	s.ws()
-	if s.pos != len(s.data) {
-		return s.errorf("trailing data after the metadata object")
-	}
-	return nil
-}
-
 // firstInvalidUTF8 returns the offset of the first byte of data that does
 // not start a valid UTF-8 sequence.
 func firstInvalidUTF8(data []byte) int {
@@ -240,6 +215,10 @@ func (s *strictScan) str() (raw []byte, escaped bool, err error) {
 		case '\\':
 			escaped = true
 			i++ // the escaped byte, which may be a quote
+		default:
+			if d[i] < 0x20 {
+				return nil, false, s.errorf("control character %#02x in the string at byte %d (JSON strings escape them)", d[i], start-1)
+			}
 		}
 	}
 	return nil, false, s.errorf("unterminated string at byte %d", start-1)
@@ -292,173 +271,15 @@ func (s *strictScan) name() (raw []byte, err error) {
 	if s.pos >= len(s.data) || s.data[s.pos] != '"' {
 		return nil, s.errorf("want a member name at byte %d", s.pos)
 	}
-	start := s.pos
 	raw, escaped, err := s.str()
 	if err != nil || !escaped {
 		return raw, err
 	}
-	var dec string
-	if err := json.Unmarshal(s.data[start:s.pos], &dec); err != nil {
-		return nil, s.errorf("bad member name: %v", err)
+	dec, err := s.unescape(raw)
+	if err != nil {
+		return nil, err
 	}
 	return []byte(dec), nil
-}
-
-// object scans an object of schema sc (nil: an unknown member's object,
-// checked for duplicate names only). s.pos is at '{'.
-func (s *strictScan) object(sc *schema, depth int) error {
-	if depth > maxDepth {
-		return s.errorf("nested deeper than %d levels", maxDepth)
-	}
-	s.pos++ // '{'
-	var seen uint64
-	var seenOther map[string]bool
-	hint := 0
-	s.ws()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
-		s.pos++
-		return s.missing(sc, seen)
-	}
-	s.path = append(s.path, pathElem{})
-	for {
-		var nm []byte
-		i := -1
-		s.ws()
-		// Writers put members in declaration order: try the next one
-		// first, by its quoted name.
-		if sc != nil && hint < len(sc.members) && bytes.HasPrefix(s.data[s.pos:], sc.members[hint].quoted) {
-			i = hint
-			s.pos += len(sc.members[hint].quoted)
-		} else {
-			var err error
-			if nm, err = s.name(); err != nil {
-				return err
-			}
-			if sc != nil {
-				i = sc.lookup(nm)
-			}
-		}
-		hint = i + 1
-		if i >= 0 {
-			s.path[len(s.path)-1] = pathElem{name: sc.members[i].name}
-			if seen&(1<<i) != 0 {
-				return s.errorf("duplicate member %q", sc.members[i].name)
-			}
-			seen |= 1 << i
-		} else {
-			name := string(nm)
-			s.path[len(s.path)-1] = pathElem{name: name}
-			if sc != nil {
-				if f := sc.folded(name); f != "" {
-					return s.errorf("member %q differs from %q only in case (names are case-sensitive)", name, f)
-				}
-				if s.strict {
-					return s.errorf("unknown member %q in %s", name, sc.what)
-				}
-			}
-			if seenOther == nil {
-				seenOther = map[string]bool{}
-			}
-			if seenOther[name] {
-				return s.errorf("duplicate member %q", name)
-			}
-			seenOther[name] = true
-		}
-		if err := s.expect(':'); err != nil {
-			return err
-		}
-		var err error
-		if i >= 0 {
-			err = s.known(&sc.members[i], depth)
-		} else {
-			err = s.any(depth + 1)
-		}
-		if err != nil {
-			return err
-		}
-		more, err := s.next('}')
-		if err != nil {
-			return err
-		}
-		if !more {
-			s.path = s.path[:len(s.path)-1]
-			return s.missing(sc, seen)
-		}
-	}
-}
-
-// missing reports the first required member of sc not in seen.
-func (s *strictScan) missing(sc *schema, seen uint64) error {
-	if sc == nil || seen&sc.required == sc.required {
-		return nil
-	}
-	for i, m := range sc.members {
-		if m.required && seen&(1<<i) == 0 {
-			return s.errorf("%s lacks the required member %q", sc.what, m.name)
-		}
-	}
-	return nil
-}
-
-// known scans the value of member m.
-func (s *strictScan) known(m *member, depth int) error {
-	if m.kind != kindArray {
-		return s.value(m.kind, m.obj, depth)
-	}
-	s.ws()
-	if bytes.HasPrefix(s.data[s.pos:], []byte("null")) {
-		s.pos += 4 // null is an empty array (FORMAT.md)
-		return nil
-	}
-	if s.pos >= len(s.data) || s.data[s.pos] != '[' {
-		return s.errorf("want an array, found %s", s.token())
-	}
-	s.pos++
-	s.ws()
-	if s.pos < len(s.data) && s.data[s.pos] == ']' {
-		s.pos++
-		return nil
-	}
-	s.path = append(s.path, pathElem{})
-	for idx := 0; ; idx++ {
-		s.path[len(s.path)-1].index = idx
-		if err := s.value(m.elem, m.obj, depth); err != nil {
-			return err
-		}
-		if more, err := s.next(']'); err != nil || !more {
-			s.path = s.path[:len(s.path)-1]
-			return err
-		}
-	}
-}
-
-// value scans a string, an integer or an object of schema obj.
-func (s *strictScan) value(k valueKind, obj *schema, depth int) error {
-	s.ws()
-	if s.pos >= len(s.data) {
-		return s.errorf("unexpected end of the metadata")
-	}
-	c := s.data[s.pos]
-	switch k {
-	case kindString:
-		if c != '"' {
-			return s.errorf("want a string, found %s", s.token())
-		}
-		_, _, err := s.str()
-		return err
-	case kindNumber:
-		if c != '-' && (c < '0' || c > '9') {
-			return s.errorf("want an integer, found %s", s.token())
-		}
-		s.number()
-		return nil
-	case kindObject:
-		if c != '{' {
-			return s.errorf("want an object, found %s", s.token())
-		}
-		return s.object(obj, depth+1)
-	}
-	return s.errorf("nested arrays are not in the schema")
 }
 
 // next consumes the separator after a member or element: it reports true
@@ -508,7 +329,13 @@ func (s *strictScan) any(depth int) error {
 	}
 	switch c := s.data[s.pos]; {
 	case c == '{':
-		return s.object(nil, depth)
+		it := s.open(nil, depth)
+		for {
+			i, err := s.member(&it)
+			if err != nil || i < 0 {
+				return err
+			}
+		}
 	case c == '[':
 		s.pos++
 		s.ws()
@@ -539,4 +366,117 @@ func (s *strictScan) any(depth int) error {
 		}
 		return s.errorf("unexpected %s", s.token())
 	}
+}
+
+// objIter is the state of one object being scanned by member.
+type objIter struct {
+	sc        *schema // nil: an unknown member's object
+	depth     int
+	seen      uint64
+	seenOther map[string]bool
+	hint      int
+	started   bool
+}
+
+// open starts scanning the object at s.pos ('{') with schema sc (nil: an
+// unknown member's object, checked for duplicate names only).
+func (s *strictScan) open(sc *schema, depth int) objIter {
+	s.pos++ // '{'
+	return objIter{sc: sc, depth: depth}
+}
+
+// member advances to the next member of the object it scans and returns
+// the index of its schema member, with s.pos at the value; an unknown
+// member is checked (case folding, strictness, duplicates) and skipped. It
+// returns -1 after the closing brace, having checked the required members.
+func (s *strictScan) member(it *objIter) (int, error) {
+	if it.depth > maxDepth {
+		return -1, s.errorf("nested deeper than %d levels", maxDepth)
+	}
+	sc := it.sc
+	for {
+		if !it.started {
+			it.started = true
+			s.ws()
+			if s.pos < len(s.data) && s.data[s.pos] == '}' {
+				s.pos++
+				return -1, s.missing(sc, it.seen)
+			}
+			s.path = append(s.path, pathElem{})
+		} else {
+			more, err := s.next('}')
+			if err != nil {
+				return -1, err
+			}
+			if !more {
+				s.path = s.path[:len(s.path)-1]
+				return -1, s.missing(sc, it.seen)
+			}
+		}
+		var nm []byte
+		i := -1
+		s.ws()
+		// Writers put members in declaration order: try the next one
+		// first, by its quoted name.
+		if sc != nil && it.hint < len(sc.members) && bytes.HasPrefix(s.data[s.pos:], sc.members[it.hint].quoted) {
+			i = it.hint
+			s.pos += len(sc.members[i].quoted)
+		} else {
+			var err error
+			if nm, err = s.name(); err != nil {
+				return -1, err
+			}
+			if sc != nil {
+				i = sc.lookup(nm)
+			}
+		}
+		it.hint = i + 1
+		if i >= 0 {
+			s.path[len(s.path)-1] = pathElem{name: sc.members[i].name}
+			if it.seen&(1<<i) != 0 {
+				return -1, s.errorf("duplicate member %q", sc.members[i].name)
+			}
+			it.seen |= 1 << i
+			if err := s.expect(':'); err != nil {
+				return -1, err
+			}
+			return i, nil
+		}
+		name := string(nm)
+		s.path[len(s.path)-1] = pathElem{name: name}
+		if sc != nil {
+			if f := sc.folded(name); f != "" {
+				return -1, s.errorf("member %q differs from %q only in case (names are case-sensitive)", name, f)
+			}
+			if s.strict {
+				return -1, s.errorf("unknown member %q in %s", name, sc.what)
+			}
+		}
+		if it.seenOther == nil {
+			it.seenOther = map[string]bool{}
+		}
+		if it.seenOther[name] {
+			return -1, s.errorf("duplicate member %q", name)
+		}
+		it.seenOther[name] = true
+		if err := s.expect(':'); err != nil {
+			return -1, err
+		}
+		if err := s.any(it.depth + 1); err != nil {
+			return -1, err
+		}
+	}
+}
+
+// missing reports the first required member of sc not in seen.
+func (s *strictScan) missing(sc *schema, seen uint64) error {
+	if sc == nil || seen&sc.required == sc.required {
+		return nil
+	}
+	for i, m := range sc.members {
+		if m.required && seen&(1<<i) == 0 {
+			return s.errorf("%s lacks the required member %q", sc.what, m.name)
+		}
+	}
+	return nil
 }

@@ -81,6 +81,8 @@ func TestDecodeRefusesHostileMetadata(t *testing.T) {
 		{"invalid UTF-8 in a key", []string{`"key":"model.w"`, "\"key\":\"model.\xffw\""}, `not valid UTF-8 (at byte`},
 		{"lone surrogate escape in a key", []string{`"key":"model.w"`, `"key":"model.\ud800w"`}, `lone high surrogate \ud800`},
 		{"lone low surrogate escape", []string{`"key":"model.w"`, `"key":"model.\udc00w"`}, `lone low surrogate`},
+		{"raw control character in a key", []string{`"key":"model.w"`, "\"key\":\"model.\x01w\""}, `control character 0x01`},
+		{"invalid escape", []string{`"key":"model.w"`, `"key":"model.\qw"`}, `invalid escape \q`},
 		// Versions.
 		{"version 0.9", []string{v10, `"version":"0.9"`}, `$.version "0.9" is below 1.0`},
 		{"version 0.0", []string{v10, `"version":"0.0"`}, `below 1.0`},

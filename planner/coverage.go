@@ -33,7 +33,8 @@ func CheckCoverage(t *metadata.TensorEntry) error {
 	if total < 0 {
 		return cerr(CoverageOutOfBounds, make([]int64, D), t.Shape, "invalid shape (negative dimension or too many elements)")
 	}
-	live := make([]int32, 0, len(t.Chunks))
+	var small [smallChunks]int32 // the usual few chunks need no allocation
+	live := small[:0]
 	for j := range t.Chunks {
 		ch := &t.Chunks[j]
 		if len(ch.Offsets) != D || len(ch.Sizes) != D {
@@ -66,7 +67,14 @@ func CheckCoverage(t *metadata.TensorEntry) error {
 	if total == 0 {
 		return nil
 	}
-	if a, b, ok := findOverlap(t.Chunks, live, D); ok {
+	var a, b int32
+	var ok bool
+	if len(live) <= smallChunks {
+		a, b, ok = overlapPairwise(t.Chunks, live, D)
+	} else {
+		a, b, ok = findOverlap(t.Chunks, live, D)
+	}
+	if ok {
 		ca, cb := &t.Chunks[a], &t.Chunks[b]
 		offs, sizes := make([]int64, D), make([]int64, D)
 		for d := range D {
@@ -87,6 +95,34 @@ func CheckCoverage(t *metadata.TensorEntry) error {
 	}
 	offs, sizes := findGap(t.Shape, t.Chunks, live)
 	return cerr(CoverageGap, offs, sizes, "no chunk covers it (%d of %d elements covered)", sum, total)
+}
+
+// smallChunks is the chunk count up to which overlaps are looked for pair
+// by pair (at most 120 pairs), without the sweep's index.
+const smallChunks = 16
+
+// overlapPairwise returns the first two overlapping live chunks, if any,
+// comparing every pair.
+func overlapPairwise(chunks []metadata.Chunk, live []int32, D int) (a, b int32, found bool) {
+	for i, x := range live {
+		for _, y := range live[i+1:] {
+			if boxesIntersect(&chunks[x], &chunks[y], D) {
+				return min(x, y), max(x, y), true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+// boxesIntersect reports whether two chunks of a D-dim tensor share an
+// element.
+func boxesIntersect(cx, cy *metadata.Chunk, D int) bool {
+	for k := range D {
+		if max(cx.Offsets[k], cy.Offsets[k]) >= min(cx.Offsets[k]+cx.Sizes[k], cy.Offsets[k]+cy.Sizes[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 // distinctStarts counts the distinct start offsets of the live chunks on
@@ -202,15 +238,7 @@ func findOverlap(chunks []metadata.Chunk, live []int32, D int) (a, b int32, foun
 		return keyCmp(x, y)
 	})
 	dead := make([]bool, len(chunks))
-	intersects := func(x, y int32) bool {
-		cx, cy := &chunks[x], &chunks[y]
-		for k := range D {
-			if max(cx.Offsets[k], cy.Offsets[k]) >= min(cx.Offsets[k]+cx.Sizes[k], cy.Offsets[k]+cy.Sizes[k]) {
-				return false
-			}
-		}
-		return true
-	}
+	intersects := func(x, y int32) bool { return boxesIntersect(&chunks[x], &chunks[y], D) }
 	ends := &endHeap{chunks: chunks, dim: d}
 	var active []int32 // sorted by keyCmp
 	for _, c := range order {

@@ -15,28 +15,31 @@ import (
 const DefaultMaxReadBytes = 64 << 20
 
 // chunkIndex finds a tensor's chunks that intersect a box: non-empty chunks
-// sorted by their start on the dimension with the most distinct starts.
+// sorted by their start on the dimension with the most distinct starts, or,
+// for a few chunks, all of them, scanned in order.
 type chunkIndex struct {
-	dim    int // -1 for 0-dim tensors
+	dim    int // -1 for 0-dim tensors and for a scan of a few chunks
 	order  []int32
 	starts []int64
 	maxLen int64
 }
 
-func newChunkIndex(t *metadata.TensorEntry) *chunkIndex {
+// newChunkIndex indexes t's chunks; its slices come from the slabs.
+func newChunkIndex(t *metadata.TensorEntry, ids *slab[int32], starts *slab[int64]) chunkIndex {
 	D := len(t.Shape)
-	live := make([]int32, 0, len(t.Chunks))
+	var small [smallChunks]int32
+	live := small[:0]
 	for j := range t.Chunks {
 		c := &t.Chunks[j]
 		if len(c.Offsets) == D && len(c.Sizes) == D && statedict.NumElements(c.Sizes) > 0 {
 			live = append(live, int32(j))
 		}
 	}
-	ix := &chunkIndex{dim: -1, order: live}
-	if D == 0 || len(live) == 0 {
+	ix := chunkIndex{dim: -1, order: ids.clone(live)}
+	if D == 0 || len(ix.order) <= smallChunks {
 		return ix
 	}
-	ix.dim, _ = bestDims(distinctStarts(t.Chunks, live, D))
+	ix.dim, _ = bestDims(distinctStarts(t.Chunks, ix.order, D))
 	d := ix.dim
 	slices.SortFunc(ix.order, func(a, b int32) int {
 		if c := cmp.Compare(t.Chunks[a].Offsets[d], t.Chunks[b].Offsets[d]); c != 0 {
@@ -44,7 +47,7 @@ func newChunkIndex(t *metadata.TensorEntry) *chunkIndex {
 		}
 		return cmp.Compare(a, b)
 	})
-	ix.starts = make([]int64, len(ix.order))
+	ix.starts = starts.take(len(ix.order))
 	for i, j := range ix.order {
 		ix.starts[i] = t.Chunks[j].Offsets[d]
 		ix.maxLen = max(ix.maxLen, t.Chunks[j].Sizes[d])
@@ -56,19 +59,16 @@ func newChunkIndex(t *metadata.TensorEntry) *chunkIndex {
 // intersection in global coordinates in lo and n (scratch space of at least
 // len(offs) elements, reused between calls).
 func (ix *chunkIndex) visit(t *metadata.TensorEntry, offs, sizes, lo, n []int64, fn func(chunk int32)) {
-	if ix.dim < 0 {
-		for _, j := range ix.order {
-			fn(j)
-		}
-		return
+	from, to, i := int64(0), int64(0), 0
+	if ix.dim >= 0 {
+		d := ix.dim
+		from, to = offs[d]-ix.maxLen, offs[d]+sizes[d]
+		i = sort.Search(len(ix.starts), func(i int) bool { return ix.starts[i] > from })
 	}
-	d, D := ix.dim, len(offs)
-	from, to := offs[d]-ix.maxLen, offs[d]+sizes[d]
-	i := sort.Search(len(ix.starts), func(i int) bool { return ix.starts[i] > from })
 next:
-	for ; i < len(ix.starts) && ix.starts[i] < to; i++ {
+	for ; i < len(ix.order) && (ix.dim < 0 || ix.starts[i] < to); i++ {
 		c := &t.Chunks[ix.order[i]]
-		for k := range D {
+		for k := range offs {
 			a := max(c.Offsets[k], offs[k])
 			b := min(c.Offsets[k]+c.Sizes[k], offs[k]+sizes[k])
 			if a >= b {
@@ -129,10 +129,34 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 	}
 	plan := &LoadPlan{}
 	type entryState struct {
-		ix  *chunkIndex
-		pos []int32 // chunk -> index in need, -1 if not needed yet
+		ix  chunkIndex
+		pos []int32 // chunk -> index in need, -1 if not needed yet; nil until the tensor is requested
 	}
-	tensors := make(map[int]*entryState)
+	// Per requested tensor: a slice over all tensors when most are
+	// requested (a map per tensor cost more than the rest of planning),
+	// a map when a few are (a deep verify plans in batches: a slice of
+	// every tensor per batch would cost the whole metadata each time).
+	var dense []entryState
+	var sparse map[int]int
+	var sparseStates blockList[entryState]
+	if len(reqs) >= len(md.Tensors)/8 {
+		dense = make([]entryState, len(md.Tensors))
+	} else {
+		sparse = make(map[int]int, len(reqs))
+	}
+	stateOf := func(ti int) *entryState {
+		if dense != nil {
+			return &dense[ti]
+		}
+		k, ok := sparse[ti]
+		if !ok {
+			k = sparseStates.push(entryState{})
+			sparse[ti] = k
+		}
+		return sparseStates.at(k)
+	}
+	var ids slab[int32]
+	var starts slab[int64]
 	bytesPos := make(map[int]int32)
 	var need blockList[needed]
 	var pending blockList[pendingCopy]
@@ -186,13 +210,13 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 			if statedict.NumElements(r.Sizes) == 0 {
 				continue
 			}
-			st := tensors[ti]
-			if st == nil {
-				st = &entryState{ix: newChunkIndex(te), pos: make([]int32, len(te.Chunks))}
+			st := stateOf(ti)
+			if st.pos == nil {
+				st.ix = newChunkIndex(te, &ids, &starts)
+				st.pos = ids.take(len(te.Chunks))
 				for j := range st.pos {
 					st.pos[j] = -1
 				}
-				tensors[ti] = st
 			}
 			D := len(te.Shape)
 			if cap(scratch) < 2*D {

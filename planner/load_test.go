@@ -1,6 +1,9 @@
 package planner
 
 import (
+	"fmt"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -300,4 +303,32 @@ func TestPlanLoadEmptyRequest(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, lp.Ops)
 	assert.Zero(t, lp.BytesNeeded)
+}
+
+// Regression (issue 16): planning a few tensors of a large checkpoint
+// cost memory for every tensor of it (a per-tensor state slice), which a
+// deep verify, planning 64k chunks at a time, paid once per batch: 4M
+// tensors cost 2.8 GB. It now costs what the requests need.
+func TestPlanLoadOfFewTensorsCostsWhatTheyNeed(t *testing.T) {
+	md := benchLoadMetadata(200_000) // 200 tensors of 1000 chunks
+	many := &metadata.Checkpoint{Format: md.Format, Version: md.Version, Training: md.Training, Objects: md.Objects}
+	for i := range 200_000 {
+		te := md.Tensors[i%len(md.Tensors)]
+		te.Key = fmt.Sprintf("model.t%07d", i)
+		te.Chunks = te.Chunks[:1:1]
+		te.Shape = slices.Clone(te.Shape)
+		te.Shape[0] = te.Chunks[0].Sizes[0]
+		many.Tensors = append(many.Tensors, te)
+	}
+	reqs := []ReadRequest{rowRequest("model.t0000007", "float32", many.Tensors[7].Shape, 0, 1)}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	lp, err := PlanLoad(many, reqs, LoadOptions{})
+	runtime.ReadMemStats(&after)
+	require.NoError(t, err)
+	require.Len(t, lp.Ops, 1)
+	// About 3 MB: the first blocks of the plan's lists, whatever the
+	// metadata holds (the per-tensor slice alone was 17.6 MB here).
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(6<<20), "bytes allocated to plan one tensor of 200k")
 }

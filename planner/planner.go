@@ -42,9 +42,14 @@ type LocalPlan struct {
 	Items []SaveItem
 }
 
-// WriteItem is a SaveItem assigned to a place in a data object.
+// WriteItem is a SaveItem assigned to a place in a data object. It holds
+// the item's key and length; the rest of the item is the writing rank's
+// LocalPlan.Items[LocalIndex] (an index, not a copy: a million items are
+// planned without copying a million SaveItems).
 type WriteItem struct {
-	SaveItem
+	// Key and Length are the SaveItem's.
+	Key    string
+	Length int64
 	// LocalIndex is the item's index in its rank's LocalPlan.Items.
 	LocalIndex int
 	// Object and Offset locate the item's bytes.

@@ -121,7 +121,13 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 	// offers are adjacent and the groups come out sorted, without a map of
 	// keys. The first offer of a group is the one of the lowest plan index.
 	flat := make([]itemRef, 0, total)
-	var groups []keyGroup
+	longest := 0
+	for _, p := range plans {
+		longest = max(longest, len(p.Items))
+	}
+	// As many groups as the longest plan has items when every rank
+	// offers the same keys (the usual case); more only grow.
+	groups := make([]keyGroup, 0, longest)
 	var err error
 	mergeByKey(plans, func(r itemRef) bool {
 		it := item(r)
@@ -309,7 +315,9 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 				start = i
 				cur = RankWrites{Rank: r, Object: name(r, n)}
 			}
-			items[i] = WriteItem{SaveItem: *item(un.writer), LocalIndex: int(un.writer.item),
+			// The key from the metadata, which units walk in order, not
+			// from the plans, which they visit out of order.
+			items[i] = WriteItem{Key: unitKey(un), Length: un.length, LocalIndex: int(un.writer.item),
 				Object: cur.Object, Offset: cur.Size, Entry: int(un.entry), Chunk: int(un.chunk)}
 			if un.chunk < 0 {
 				b := &md.Bytes[un.entry]
@@ -400,18 +408,26 @@ func agree(a *SaveItem, ra int, b *SaveItem, rb int) error {
 // comparisons for n items in k plans.
 func mergeByKey(plans []LocalPlan, yield func(itemRef) bool) {
 	h := &mergeHeap{plans: plans}
+	var sorted *mergeCursor // the last plan that needed a sorted index
 	for pi := range plans {
 		items := plans[pi].Items
 		if len(items) == 0 {
 			continue
 		}
 		c := &mergeCursor{plan: int32(pi)}
-		if !slices.IsSortedFunc(items, func(a, b SaveItem) int { return strings.Compare(a.Key, b.Key) }) {
+		switch {
+		case slices.IsSortedFunc(items, func(a, b SaveItem) int { return strings.Compare(a.Key, b.Key) }):
+		case sorted != nil && sameKeys(plans[sorted.plan].Items, items):
+			// Ranks usually offer the same keys in the same order: one
+			// sort serves them all (the index is only read).
+			c.order = sorted.order
+		default:
 			c.order = make([]int32, len(items))
 			for i := range c.order {
 				c.order[i] = int32(i)
 			}
 			slices.SortStableFunc(c.order, func(a, b int32) int { return strings.Compare(items[a].Key, items[b].Key) })
+			sorted = c
 		}
 		h.cursors = append(h.cursors, c)
 	}
@@ -427,6 +443,19 @@ func mergeByKey(plans []LocalPlan, yield func(itemRef) bool) {
 			heap.Fix(h, 0)
 		}
 	}
+}
+
+// sameKeys reports whether a and b offer the same keys in the same order.
+func sameKeys(a, b []SaveItem) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Key != b[i].Key {
+			return false
+		}
+	}
+	return true
 }
 
 // mergeCursor is a plan's position in mergeByKey.

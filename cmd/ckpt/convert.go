@@ -47,9 +47,9 @@ its newest valid checkpoint) and writes it under DST.
 
 --to safetensors writes model.safetensors, or model-NNNNN-of-NNNNN.safetensors
 shards of at most --shard-size tensor bytes plus model.safetensors.index.json
-(written last). Tensors are reassembled from their shards one at a time and
-streamed into each file as a single upload of known size, so memory is
-bounded by the largest tensor. Bytes values (scheduler, RNG state) have no
+(written last). Tensors are streamed from their shards, one at a time, into
+each file as a single upload of known size, so memory follows neither the
+checkpoint nor a tensor's size. Bytes values (scheduler, RNG state) have no
 place in safetensors and are skipped (listed in --json output).
 --model-only keeps the model's keys and strips their "model." prefix.
 
@@ -57,9 +57,11 @@ place in safetensors and are skipped (listed in --json output).
 in-memory state, so the whole checkpoint is held in memory).
 
 --max-memory caps memory (also set as the Go soft memory limit): safetensors
-conversion reads each tensor in row slabs costing at most a quarter of the
-cap (the slab plus the stored chunks it touches) and refuses, before writing
-anything, a tensor whose smallest slab costs more; native conversion refuses
+conversion streams tensors saved as whole-row raw chunks (what ckptkit
+saves) whatever the cap, reads any other tensor (DCP items, column shards)
+in row slabs costing at most a quarter of the cap (the slab plus the stored
+chunks it touches) and refuses, before writing anything, such a tensor
+whose smallest slab costs more; native conversion refuses
 a checkpoint larger than the cap. Sizes are ` + bytesize.Rule + `
 (so the default --shard-size 5GB is 5*10^9 bytes, as in Hugging Face).
 

@@ -43,7 +43,8 @@ differs when the maximum absolute difference of its elements exceeds X.
 float32/float64/float16/bfloat16 and all integer types decode to numbers,
 bool to 0/1, complex64 by the modulus of the difference; NaN equals NaN at
 the same position and differs infinitely from a number. Bytes values are
-always compared exactly. One tensor per side is in memory at a time.
+always compared exactly. Tensors are streamed, both sides in step, so
+memory does not follow tensor size.
 Progress (keys compared / total, rate, ETA) is shown on a terminal.
 Exit 0 when identical, 1 when different, 3 when nothing is stored under A
 or B ("no such path"), 2 on usage errors, 4 on access errors.`,

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -96,6 +99,11 @@ type inspectOutput struct {
 	Values        []inspectBytes         `json:"values"`
 	Objects       []inspectObject        `json:"objects"`
 	Bytes         int64                  `json:"bytes"`
+
+	// md is the metadata whose tensors streamJSON writes (Tensors stays
+	// empty), sums their SHA-256 with --hash.
+	md   *metadata.Checkpoint
+	sums [][sha256.Size]byte
 }
 
 func newInspectCmd() *cobra.Command {
@@ -125,16 +133,18 @@ there is not a readable checkpoint.`,
 			if hash {
 				p = newProgress(cmd, "inspect")
 			}
+			if !asJSON {
+				// Streamed: one row at a time, nothing kept per tensor.
+				err := printInspect(ctx, cmd.OutOrStdout(), c, from, hash, p.callback())
+				p.finish()
+				return bad(err)
+			}
 			out, err := describe(ctx, c, from, hash, p.callback())
 			p.finish()
 			if err != nil {
 				return bad(err)
 			}
-			if asJSON {
-				emit(cmd, out)
-				return nil
-			}
-			printInspect(cmd.OutOrStdout(), out)
+			emit(cmd, out)
 			return nil
 		},
 	}
@@ -143,13 +153,12 @@ there is not a readable checkpoint.`,
 	return cmd
 }
 
-// describe lists c; with hash it reads every tensor, calling progress
-// (when not nil) with the tensor bytes hashed so far.
-func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
+// describeHead returns c's inspect document without its tensors.
+func describeHead(c *loader.Checkpoint, from string) *inspectOutput {
 	md := c.Metadata()
 	out := &inspectOutput{URL: c.URL(), ResolvedFrom: from, Format: c.FormatName(), Version: md.Version, Writer: md.Writer,
 		CreatedAt: md.CreatedAt, WorldSize: md.WorldSize, MetadataKey: c.MetadataKey(), MetadataBytes: c.MetadataSize(),
-		Training: md.Training, Values: []inspectBytes{}, Objects: []inspectObject{}, Tensors: []inspectTensor{}}
+		Training: md.Training, Values: make([]inspectBytes, 0, len(md.Bytes)), Objects: make([]inspectObject, 0, len(md.Objects)), Tensors: []inspectTensor{}}
 	for _, o := range md.Objects {
 		out.Bytes += o.Size
 		out.Objects = append(out.Objects, inspectObject{Key: o.Key, Bytes: o.Size})
@@ -161,53 +170,263 @@ func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool,
 		}
 		out.Values = append(out.Values, ib)
 	}
-	var hashTotal, hashed int64
-	if hash {
-		for _, te := range md.Tensors {
-			n := metadata.ElementSize(te.DType)
-			for _, d := range te.Shape {
-				n *= d
-			}
-			hashTotal += n
-		}
+	return out
+}
+
+// tensorBytes is the byte size of te's global shape.
+func tensorBytes(te *metadata.TensorEntry) int64 {
+	n := metadata.ElementSize(te.DType)
+	for _, d := range te.Shape {
+		n *= d
 	}
-	for _, te := range md.Tensors {
-		it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Chunks: []inspectChunk{}}
-		n := metadata.ElementSize(te.DType)
-		for _, d := range te.Shape {
-			n *= d
-		}
-		it.Bytes = n
-		for _, ch := range te.Chunks {
-			ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
-			if ch.Encoding == metadata.EncodingRaw {
-				ic.CRC32C = crcHex(ch.CRC32C)
-			}
-			it.Chunks = append(it.Chunks, ic)
-		}
-		if hash {
-			// Streamed: memory does not follow tensor size.
+	return n
+}
+
+// hashTensor returns the SHA-256 of te's bytes, streamed: memory does not
+// follow tensor size.
+func hashTensor(ctx context.Context, c *loader.Checkpoint, te *metadata.TensorEntry) (string, error) {
+	h := sha256.New()
+	if err := c.WriteTensor(ctx, te.Key, h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// hashProgress counts the tensor bytes hashed for progress (nil: no
+// progress).
+type hashProgress struct {
+	fn          func(done, total int64)
+	done, total int64
+}
+
+func newHashProgress(md *metadata.Checkpoint, fn func(done, total int64)) *hashProgress {
+	p := &hashProgress{fn: fn}
+	for i := range md.Tensors {
+		p.total += tensorBytes(&md.Tensors[i])
+	}
+	return p
+}
+
+func (p *hashProgress) add(n int64) {
+	p.done += n
+	if p.fn != nil {
+		p.fn(p.done, p.total)
+	}
+}
+
+// describe lists c (the --json document); with hash it reads every tensor,
+// calling progress (when not nil) with the tensor bytes hashed so far. The
+// tensors are not copied into the document: streamJSON writes them from
+// the metadata one at a time.
+func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
+	md := c.Metadata()
+	out := describeHead(c, from)
+	out.md = md
+	if hash {
+		out.sums = make([][sha256.Size]byte, len(md.Tensors))
+		hp := newHashProgress(md, progress)
+		for i := range md.Tensors {
 			h := sha256.New()
-			if err := c.WriteTensor(ctx, te.Key, h); err != nil {
+			if err := c.WriteTensor(ctx, md.Tensors[i].Key, h); err != nil {
 				return nil, err
 			}
-			it.SHA256 = hex.EncodeToString(h.Sum(nil))
-			hashed += it.Bytes
-			if progress != nil {
-				progress(hashed, hashTotal)
-			}
+			h.Sum(out.sums[i][:0])
+			hp.add(tensorBytes(&md.Tensors[i]))
 		}
-		out.Tensors = append(out.Tensors, it)
 	}
 	return out, nil
 }
 
-func printInspect(w io.Writer, o *inspectOutput) {
+// tensorJSON is the --json entry of tensor i of o's metadata, without its
+// chunks (chunkJSON).
+func (o *inspectOutput) tensorJSON(i int) inspectTensor {
+	te := &o.md.Tensors[i]
+	it := inspectTensor{Key: te.Key, DType: te.DType, Shape: te.Shape, Bytes: tensorBytes(te), Chunks: []inspectChunk{}}
+	if o.sums != nil {
+		it.SHA256 = hex.EncodeToString(o.sums[i][:])
+	}
+	return it
+}
+
+// chunkJSON is the --json entry of a chunk.
+func chunkJSON(ch *metadata.Chunk) inspectChunk {
+	ic := inspectChunk{Offsets: ch.Offsets, Sizes: ch.Sizes, Object: ch.Object, Offset: ch.Offset, Length: ch.Length, Encoding: ch.Encoding}
+	if ch.Encoding == metadata.EncodingRaw {
+		ic.CRC32C = crcHex(ch.CRC32C)
+	}
+	return ic
+}
+
+// tensorsMember and chunksMember are how a document without tensors and a
+// tensor without chunks write them: the sequences cannot occur inside a
+// string, whose quotes are escaped.
+var (
+	tensorsMember = []byte(`"tensors":[]`)
+	chunksMember  = []byte(`"chunks":[]`)
+	writerMember  = []byte(`"writer":""`)
+)
+
+// writeJSONStringContent writes s JSON-escaped as encodeJSON escapes it,
+// without the quotes, one piece at a time (cut where a character starts,
+// so the escapes are the same).
+func writeJSONStringContent(w *bufio.Writer, s string, scratch *bytes.Buffer) error {
+	const piece = 1 << 20
+	for len(s) > 0 {
+		n := min(piece, len(s))
+		for n < len(s) && !utf8.RuneStart(s[n]) {
+			n++
+		}
+		scratch.Reset()
+		if err := encodeJSON(scratch, s[:n]); err != nil {
+			return err
+		}
+		q := bytes.TrimSuffix(scratch.Bytes(), []byte("\n"))
+		if _, err := w.Write(q[1 : len(q)-1]); err != nil {
+			return err
+		}
+		s = s[n:]
+	}
+	return nil
+}
+
+// spliceArray writes doc with the empty array member replaced by the
+// elements each writes (nil: member not found).
+func spliceArray(w *bufio.Writer, doc, member []byte, n int, each func(i int) error) error {
+	at := bytes.Index(doc, member)
+	if at < 0 {
+		return fmt.Errorf("inspect: no %s in the document", member)
+	}
+	split := at + len(member) - 1
+	w.Write(doc[:split])
+	for i := range n {
+		if i > 0 {
+			w.WriteByte(',')
+		}
+		if err := each(i); err != nil {
+			return err
+		}
+	}
+	_, err := w.Write(doc[split:])
+	return err
+}
+
+// streamJSON writes o as writeJSON would write it, each tensor and each
+// chunk encoded on its own from the metadata (a copy of every chunk entry
+// and the whole encoded document cost several times the metadata).
+func (o *inspectOutput) streamJSON(w io.Writer) error {
+	if o.md == nil {
+		return encodeJSON(w, o)
+	}
+	head := *o
+	head.Tensors = []inspectTensor{}
+	head.Writer = "" // written in pieces below: the document sizes it
+	var buf, elem bytes.Buffer
+	if err := encodeJSON(&buf, &head); err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 64<<10)
+	doc := buf.Bytes()
+	at := bytes.Index(doc, writerMember)
+	if at < 0 {
+		return fmt.Errorf("inspect: no %s in the document", writerMember)
+	}
+	at += len(writerMember) - 1 // at the closing quote
+	bw.Write(doc[:at])
+	if err := writeJSONStringContent(bw, o.Writer, &elem); err != nil {
+		return err
+	}
+	doc = doc[at:]
+	// encode appends v's JSON without encodeJSON's newline to bw.
+	encode := func(v any) error {
+		elem.Reset()
+		if err := encodeJSON(&elem, v); err != nil {
+			return err
+		}
+		_, err := bw.Write(bytes.TrimSuffix(elem.Bytes(), []byte("\n")))
+		return err
+	}
+	err := spliceArray(bw, doc, tensorsMember, len(o.md.Tensors), func(i int) error {
+		it := o.tensorJSON(i)
+		var tb bytes.Buffer
+		if err := encodeJSON(&tb, &it); err != nil {
+			return err
+		}
+		chunks := o.md.Tensors[i].Chunks
+		return spliceArray(bw, bytes.TrimSuffix(tb.Bytes(), []byte("\n")), chunksMember, len(chunks), func(j int) error {
+			ic := chunkJSON(&chunks[j])
+			return encode(&ic)
+		})
+	})
+	if err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// distinctObjects counts the distinct objects of chunks without a map in
+// the usual case of a few.
+func distinctObjects(chunks []metadata.Chunk) int {
+	var few [8]string
+	seen := few[:0]
+	var many map[string]bool
+next:
+	for i := range chunks {
+		o := chunks[i].Object
+		if many != nil {
+			many[o] = true
+			continue
+		}
+		for _, s := range seen {
+			if s == o {
+				continue next
+			}
+		}
+		if len(seen) < len(few) {
+			seen = append(seen, o)
+			continue
+		}
+		many = make(map[string]bool, 2*len(few))
+		for _, s := range seen {
+			many[s] = true
+		}
+		many[o] = true
+	}
+	if many != nil {
+		return len(many)
+	}
+	return len(seen)
+}
+
+// inspectCols is the number of aligned columns of the key table (the
+// SHA256 column, last, is not padded).
+const inspectCols = 6
+
+// tensorCells returns the aligned cells of te's row.
+func tensorCells(te *metadata.TensorEntry, cells *[inspectCols]string) {
+	*cells = [inspectCols]string{safe(te.Key), safe(te.DType), fmt.Sprint(te.Shape), strconv.Itoa(len(te.Chunks)),
+		strconv.Itoa(distinctObjects(te.Chunks)), strconv.FormatInt(tensorBytes(te), 10)}
+}
+
+// valueCells returns the aligned cells of a byte value's row.
+func valueCells(b *metadata.BytesEntry, cells *[inspectCols]string) {
+	*cells = [inspectCols]string{safe(b.Key), "bytes", "-", "1", "1", strconv.FormatInt(b.Length, 10)}
+}
+
+// printInspect prints c for a human: a header, then one row per key in
+// columns aligned as text/tabwriter would align them (width: the longest
+// cell plus 2), streamed: a first pass over the metadata measures the
+// columns, the second prints each row as it is made (hashing its tensor
+// first with hash), so memory does not follow the number of keys.
+func printInspect(ctx context.Context, out io.Writer, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) error {
+	md := c.Metadata()
+	w := bufio.NewWriterSize(out, 64<<10)
+	o := describeHead(c, from)
 	if o.ResolvedFrom != "" {
 		fmt.Fprintf(w, "run %s: newest committed checkpoint is %s\n", safe(o.ResolvedFrom), safe(o.URL))
 	}
 	fmt.Fprintf(w, "checkpoint %s\n", safe(o.URL))
-	fmt.Fprintf(w, "format %s %s, written by %s", safe(o.Format), safe(o.Version), safe(o.Writer))
+	fmt.Fprintf(w, "format %s %s, written by ", safe(o.Format), safe(o.Version))
+	w.WriteString(safe(o.Writer)) // not through fmt's buffer: the document sizes it
 	if !o.CreatedAt.IsZero() {
 		fmt.Fprintf(w, " at %s", o.CreatedAt.Format(time.RFC3339))
 	}
@@ -215,22 +434,57 @@ func printInspect(w io.Writer, o *inspectOutput) {
 	tr := o.Training
 	fmt.Fprintf(w, "training: iteration %d, optimizer %s (prefix %q, slots %v, %d state entries), scheduler prefix %q\n",
 		tr.Iteration, safe(tr.Optimizer), tr.OptimizerPrefix, safeAll(tr.OptimizerSlots), tr.OptimizerStateEntries, tr.SchedulerPrefix)
-	fmt.Fprintf(w, "%d tensors, %d byte values, %d objects, %d data bytes, metadata %s (%d bytes)\n\n", len(o.Tensors), len(o.Values), len(o.Objects), o.Bytes, safe(o.MetadataKey), o.MetadataBytes)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tDTYPE\tSHAPE\tCHUNKS\tOBJECTS\tBYTES\tSHA256")
-	for _, t := range o.Tensors {
-		objs := map[string]bool{}
-		for _, c := range t.Chunks {
-			objs[c.Object] = true
+	fmt.Fprintf(w, "%d tensors, %d byte values, %d objects, %d data bytes, metadata %s (%d bytes)\n\n", len(md.Tensors), len(o.Values), len(o.Objects), o.Bytes, safe(o.MetadataKey), o.MetadataBytes)
+
+	header := [inspectCols]string{"KEY", "DTYPE", "SHAPE", "CHUNKS", "OBJECTS", "BYTES"}
+	var widths [inspectCols]int
+	measure := func(cells *[inspectCols]string) {
+		for j, s := range cells {
+			widths[j] = max(widths[j], utf8.RuneCountInString(s)+2)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%d\t%d\t%s\n", safe(t.Key), safe(t.DType), t.Shape, len(t.Chunks), len(objs), t.Bytes, t.SHA256)
 	}
-	for _, b := range o.Values {
-		fmt.Fprintf(tw, "%s\tbytes\t-\t1\t1\t%d\t\n", safe(b.Key), b.Length)
+	var cells [inspectCols]string
+	measure(&header)
+	for i := range md.Tensors {
+		tensorCells(&md.Tensors[i], &cells)
+		measure(&cells)
 	}
-	tw.Flush()
+	for i := range md.Bytes {
+		valueCells(&md.Bytes[i], &cells)
+		measure(&cells)
+	}
+	row := func(cells *[inspectCols]string, last string) {
+		for j, s := range cells {
+			w.WriteString(s)
+			for n := utf8.RuneCountInString(s); n < widths[j]; n++ {
+				w.WriteByte(' ')
+			}
+		}
+		w.WriteString(last)
+		w.WriteByte('\n')
+	}
+	row(&header, "SHA256")
+	hp := newHashProgress(md, progress)
+	for i := range md.Tensors {
+		te := &md.Tensors[i]
+		sum := ""
+		if hash {
+			var err error
+			if sum, err = hashTensor(ctx, c, te); err != nil {
+				return err
+			}
+			hp.add(tensorBytes(te))
+		}
+		tensorCells(te, &cells)
+		row(&cells, sum)
+	}
+	for i := range md.Bytes {
+		valueCells(&md.Bytes[i], &cells)
+		row(&cells, "")
+	}
 	fmt.Fprintln(w, "\nOBJECTS")
 	for _, ob := range o.Objects {
 		fmt.Fprintf(w, "  %s  %d bytes\n", safe(ob.Key), ob.Bytes)
 	}
+	return w.Flush()
 }

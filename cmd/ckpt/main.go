@@ -78,6 +78,7 @@ func main() {
 
 // runMain is main without the exit: run under the process's interrupt.
 func runMain(args []string) int {
+	boundHeapGrowth()
 	ctx, in := withInterrupt(context.Background(), os.Stderr)
 	return in.stop(run(ctx, args, os.Stdout, os.Stderr))
 }

@@ -87,6 +87,20 @@ func errorURL(err error, args []string) string {
 }
 
 func writeJSON(w io.Writer, v any) error {
+	if s, ok := v.(streamedDocument); ok {
+		return s.streamJSON(w)
+	}
+	return encodeJSON(w, v)
+}
+
+// streamedDocument is a document that writes its own JSON, as encodeJSON
+// would, without holding all of it in memory (ckpt inspect).
+type streamedDocument interface {
+	streamJSON(w io.Writer) error
+}
+
+// encodeJSON writes v as one line of JSON, without HTML escaping.
+func encodeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)

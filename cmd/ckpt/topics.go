@@ -49,6 +49,8 @@ gs:      Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS,
          gcloud, the metadata server); STORAGE_EMULATOR_HOST for an
          emulator (no authentication)
 plugins: CKPTKIT_PLUGIN_DIR (as --plugin-dir); pins in DIR/ckptkit-plugins.lock
+memory:  GOMEMLIMIT replaces ckpt's own bound (heap within what the last
+         garbage collection found live + 96 MiB)
 
 On an access error, ckpt says which credentials it found (never their
 values), the endpoint and the region. -vv logs every storage request (each

@@ -96,7 +96,11 @@ Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
 func printVerify(w io.Writer, r *verifyOutput) {
 	fmt.Fprintf(w, "checkpoint %s\n", safe(r.URL))
 	if r.Format != "" {
-		fmt.Fprintf(w, "format %s %s (%s), iteration %d\n", safe(r.Format), safe(r.Version), safe(r.Writer), r.Iteration)
+		// The writer goes out as it is, not through fmt's buffer: it is
+		// the document's to size (a 500 MB one was one more copy).
+		fmt.Fprintf(w, "format %s %s (", safe(r.Format), safe(r.Version))
+		io.WriteString(w, safe(r.Writer))
+		fmt.Fprintf(w, "), iteration %d\n", r.Iteration)
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "PROBLEM [%s] %s\n", p.Rule, safe(p.Message))

@@ -12,9 +12,10 @@
 //
 // Conversion streams: headers are computed from the metadata alone, then
 // each file is written as one Put of known size fed through a pipe by a
-// goroutine that reads tensors one at a time (or, with a memory cap, one
-// row slab at a time) through the loader, so memory is bounded by the
-// largest piece read, not by the checkpoint.
+// goroutine that streams each tensor through loader.WriteTensor (chunks
+// saved as whole rows through a small buffer, other layouts in bounded
+// slabs; with a memory cap, those in row slabs within the cap), so memory
+// follows neither the checkpoint nor a tensor's size.
 package safetensors
 
 import (
@@ -27,6 +28,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -50,6 +52,11 @@ var (
 	ErrDTypeNotRepresentable = ckpterr.New(ckpterr.Unsupported, "dtype not representable in safetensors")
 	// ErrTensorTooLarge: a tensor cannot be read within the memory cap.
 	ErrTensorTooLarge = ckpterr.New(ckpterr.Usage, "tensor does not fit the memory cap")
+	// ErrNameNotRepresentable: a tensor name a safetensors header cannot
+	// hold as itself: invalid UTF-8 (JSON would turn it into U+FFFD, so
+	// the file would name another tensor), the reserved "__metadata__", or
+	// a name twice.
+	ErrNameNotRepresentable = ckpterr.New(ckpterr.Unsupported, "tensor name not representable in safetensors")
 	// ErrNoTensors: nothing to convert (for instance --model-only on a
 	// checkpoint without model keys).
 	ErrNoTensors = ckpterr.New(ckpterr.Usage, "no tensors to convert")
@@ -76,14 +83,19 @@ type Options struct {
 	// from the training-state record, default "model") and strips the
 	// prefix, so names match the model's own state dict.
 	ModelOnly bool
-	// MaxMemory caps the conversion's memory (0: no cap). A tensor is read
-	// in row slabs (ranges of its first dimension, cut at chunk boundaries)
-	// costing at most MaxMemory/4 bytes, counting the slab and the stored
-	// chunks it touches (read whole, for their CRC32C); the other three
-	// quarters leave the garbage collector room to free the previous slab
-	// (callers should also set debug.SetMemoryLimit to the cap, as the CLI
-	// does). A tensor whose smallest slab costs more fails with ErrTensorTooLarge
-	// before anything is written.
+	// MaxMemory caps the conversion's memory (0: no cap). A tensor whose
+	// chunks are raw and span whole rows (loader.StreamsChunks: what
+	// ckptkit saves) is streamed in small pieces whatever the cap. Any
+	// other tensor is read in row slabs (ranges of its first dimension, cut
+	// at chunk boundaries) costing at most MaxMemory/4 bytes, counting the
+	// slab and the stored chunks it touches (read whole, for their CRC32C
+	// or to decode them); the other three quarters leave the garbage
+	// collector room to free the previous slab (callers should also set
+	// debug.SetMemoryLimit to the cap, as the CLI does). A tensor whose
+	// smallest slab costs more fails with ErrTensorTooLarge before anything
+	// is written. Without a cap such tensors go through
+	// loader.WriteTensor's slabs (loader.SlabBytes plus the chunks a slab
+	// touches).
 	MaxMemory int64
 	// Metadata is added to every file's "__metadata__".
 	Metadata map[string]string
@@ -154,6 +166,9 @@ func Convert(ctx context.Context, src *loader.Checkpoint, dst *backend.Store, op
 	sort.Strings(res.Skipped)
 	// Check every tensor fits the memory cap before writing anything.
 	for _, it := range items {
+		if streamed(it.entry, opts.MaxMemory) {
+			continue
+		}
 		if _, err := slabs(it.entry, opts.MaxMemory/4); err != nil {
 			return nil, fmt.Errorf("convert %s: %w", src.URL(), err)
 		}
@@ -264,6 +279,9 @@ func pack(items []item, shardSize int64) []*file {
 	return files
 }
 
+// metadataKey is the header's reserved member for the string metadata.
+const metadataKey = "__metadata__"
+
 type headerEntry struct {
 	DType       string   `json:"dtype"`
 	Shape       []int64  `json:"shape"`
@@ -275,6 +293,14 @@ type headerEntry struct {
 func header(items []item, meta map[string]string) ([]byte, error) {
 	h := make(map[string]any, len(items)+1)
 	for _, it := range items {
+		switch _, dup := h[it.name]; {
+		case !utf8.ValidString(it.name):
+			return nil, fmt.Errorf("tensor %q: %w: invalid UTF-8", it.key, ErrNameNotRepresentable)
+		case it.name == metadataKey:
+			return nil, fmt.Errorf("tensor %q: %w: %q is the header's metadata member", it.key, ErrNameNotRepresentable, metadataKey)
+		case dup:
+			return nil, fmt.Errorf("tensor %q: %w: %q names two tensors", it.key, ErrNameNotRepresentable, it.name)
+		}
 		shape := it.entry.Shape
 		if shape == nil {
 			shape = []int64{}
@@ -282,7 +308,7 @@ func header(items []item, meta map[string]string) ([]byte, error) {
 		h[it.name] = headerEntry{DType: it.dtype, Shape: shape, DataOffsets: [2]int64{it.begin, it.begin + it.size}}
 	}
 	if len(meta) > 0 {
-		h["__metadata__"] = meta
+		h[metadataKey] = meta
 	}
 	js, err := json.Marshal(h)
 	if err != nil {
@@ -364,8 +390,25 @@ func (w *writer) feed(ctx context.Context, out io.Writer, f *file) error {
 	return nil
 }
 
+// streamed reports whether te is written through loader.WriteTensor:
+// always without a memory cap, and with one when the loader streams te's
+// chunks in small pieces.
+func streamed(te *metadata.TensorEntry, maxMemory int64) bool {
+	return maxMemory <= 0 || loader.StreamsChunks(te)
+}
+
 func (w *writer) writeTensor(ctx context.Context, out io.Writer, it item) error {
 	if it.size == 0 {
+		return nil
+	}
+	if streamed(it.entry, w.opts.MaxMemory) {
+		cw := &countingWriter{w: out}
+		if err := w.src.WriteTensor(ctx, it.key, cw); err != nil {
+			return err
+		}
+		if cw.n != it.size {
+			return fmt.Errorf("tensor %q: wrote %d bytes, header says %d", it.key, cw.n, it.size)
+		}
 		return nil
 	}
 	ranges, err := slabs(it.entry, w.opts.MaxMemory/4)
@@ -400,6 +443,17 @@ func (w *writer) writeTensor(ctx context.Context, out io.Writer, it item) error 
 		return fmt.Errorf("tensor %q: wrote %d bytes, header says %d", it.key, written, it.size)
 	}
 	return nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // slabs splits a tensor into row ranges [lo, hi) of its first dimension

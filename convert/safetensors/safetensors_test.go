@@ -141,16 +141,30 @@ func TestConvertShardedModelOnlyWithMemoryCap(t *testing.T) {
 }
 
 func TestConvertRefusesTensorOverMemoryCap(t *testing.T) {
-	run := ckpttest.Backends(t)[1].Open(t)
-	s := ckpttest.NewState(9, 40)
-	ckpttest.SaveStep(t, run, 9, s, 1) // one rank: each tensor is one chunk
-	out := sub(t, run, "hf")
-	_, err := safetensors.Convert(context.Background(), openStep(t, run, 9), out, safetensors.Options{MaxMemory: 1000})
+	// A DCP tensor item is decoded whole (torch.save archive), so a cap
+	// below an item's size cannot be met: refused before writing.
+	src, err := backend.Open(context.Background(), "../../interop/torchdcp/testdata/dense")
+	require.NoError(t, err)
+	t.Cleanup(func() { src.Close() })
+	c, err := loader.Open(context.Background(), src)
+	require.NoError(t, err)
+	out := sub(t, ckpttest.Backends(t)[1].Open(t), "hf")
+	_, err = safetensors.Convert(context.Background(), c, out, safetensors.Options{MaxMemory: 1000})
 	require.ErrorIs(t, err, safetensors.ErrTensorTooLarge)
 	assert.Contains(t, err.Error(), "raise --max-memory")
 	ok, err := out.Exists(context.Background(), safetensors.SingleFile)
 	require.NoError(t, err)
 	assert.False(t, ok, "nothing written")
+
+	// A native tensor saved as one chunk larger than the cap streams.
+	run := ckpttest.Backends(t)[1].Open(t)
+	s := ckpttest.NewState(9, 40)
+	ckpttest.SaveStep(t, run, 9, s, 1) // one rank: each tensor is one chunk
+	out = sub(t, run, "hf")
+	_, err = safetensors.Convert(context.Background(), openStep(t, run, 9), out, safetensors.Options{MaxMemory: 1000})
+	require.NoError(t, err)
+	got, _ := readSafetensors(t, out, safetensors.SingleFile)
+	requireMatches(t, s, got, same)
 }
 
 func TestConvertModelOnlyWithoutModelKeys(t *testing.T) {
@@ -159,4 +173,33 @@ func TestConvertModelOnlyWithoutModelKeys(t *testing.T) {
 	ckpttest.SaveStep(t, run, 1, s, 1)
 	_, err := safetensors.Convert(context.Background(), openStep(t, run, 1), sub(t, run, "hf"), safetensors.Options{ModelOnly: true})
 	require.ErrorIs(t, err, safetensors.ErrNoTensors)
+}
+
+// Regression (issue 16, found by FuzzHeader): a tensor whose name is the
+// header's reserved "__metadata__" (here "model.__metadata__" with
+// --model-only) was overwritten in the header by the metadata, so the file
+// described one tensor fewer than its data held. It is refused, naming the
+// key, before anything is written. (A name of invalid UTF-8, which JSON
+// turned into U+FFFD, is refused the same way; saves no longer accept such
+// keys, FuzzHeader covers it.)
+func TestConvertRefusesANameTheHeaderCannotHold(t *testing.T) {
+	run := ckpttest.Backends(t)[1].Open(t)
+	s := &ckpttest.State{Tensors: map[string]*statedict.Tensor{
+		"model.__metadata__": statedict.NewTensor(statedict.Float32, 2),
+		"model.w":            statedict.NewTensor(statedict.Float32, 3),
+	}, Bytes: map[string][]byte{}}
+	ckpttest.SaveStep(t, run, 1, s, 1)
+	out := sub(t, run, "hf")
+	_, err := safetensors.Convert(context.Background(), openStep(t, run, 1), out, safetensors.Options{ModelOnly: true})
+	require.ErrorIs(t, err, safetensors.ErrNameNotRepresentable)
+	assert.Contains(t, err.Error(), `"model.__metadata__"`)
+	ok, err := out.Exists(context.Background(), safetensors.SingleFile)
+	require.NoError(t, err)
+	assert.False(t, ok, "nothing written")
+
+	// Without --model-only the name keeps its prefix and converts.
+	_, err = safetensors.Convert(context.Background(), openStep(t, run, 1), out, safetensors.Options{})
+	require.NoError(t, err)
+	got, _ := readSafetensors(t, out, safetensors.SingleFile)
+	requireMatches(t, s, got, same)
 }

@@ -48,18 +48,31 @@ func WithPath(u, p string) string {
 // no disk.
 func SparseTensorCheckpoint(t testing.TB, dir string, n int64) {
 	t.Helper()
+	SparseTensorCheckpointEndingIn(t, dir, n, 0)
+}
+
+// SparseTensorCheckpointEndingIn is SparseTensorCheckpoint with the last
+// element of "model.big" set to last.
+func SparseTensorCheckpointEndingIn(t testing.TB, dir string, n int64, last byte) {
+	t.Helper()
+	require.Positive(t, n)
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	obj := "rank-00000-000.data"
 	f, err := os.Create(filepath.Join(dir, obj))
 	require.NoError(t, err)
 	require.NoError(t, f.Truncate(n))
+	if last != 0 {
+		_, err = f.WriteAt([]byte{last}, n-1)
+		require.NoError(t, err)
+	}
 	require.NoError(t, f.Close())
 	zeros := make([]byte, 1<<20)
 	table := crc32.MakeTable(crc32.Castagnoli)
 	var crc uint32
-	for done := int64(0); done < n; done += int64(len(zeros)) {
-		crc = crc32.Update(crc, table, zeros[:min(int64(len(zeros)), n-done)])
+	for done := int64(0); done < n-1; done += int64(len(zeros)) {
+		crc = crc32.Update(crc, table, zeros[:min(int64(len(zeros)), n-1-done)])
 	}
+	crc = crc32.Update(crc, table, []byte{last})
 	md := &metadata.Checkpoint{WorldSize: 1, Training: metadata.TrainingState{Optimizer: metadata.OptimizerNone},
 		Tensors: []metadata.TensorEntry{{Key: "model.big", DType: "uint8", Shape: []int64{n},
 			Chunks: []metadata.Chunk{{Offsets: []int64{0}, Sizes: []int64{n}, Object: obj, Length: n, CRC32C: crc}}}},

@@ -491,15 +491,6 @@ func FillIteration(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 			return false, fmt.Errorf("read %q: %w", key, err)
 		}
 		v, err := DecodeValue(item)
-		if errors.Is(err, ErrForbiddenGlobal) {
-			// Not an opaque value but a hostile one: reported, never
-			// taken for "no iteration" (a resume would start at 0).
-			var fg *ForbiddenGlobalError
-			if errors.As(err, &fg) {
-				return false, fmt.Errorf("decode %q: %w", key, fg)
-			}
-			return false, fmt.Errorf("decode %q: %w: %w", key, ErrForbiddenGlobal, err)
-		}
 		if errors.Is(err, ErrOpaque) {
 			continue
 		}

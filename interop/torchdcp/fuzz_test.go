@@ -6,13 +6,17 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // fixtureItems returns a few real items (tensor and bytes) of the fixtures.
-func fixtureItems(f *testing.F) [][]byte {
+func fixtureItems(f testing.TB) [][]byte {
 	dense, err := os.ReadFile(filepath.Join("testdata", "dense", "__0_0.distcp"))
 	if err != nil {
 		f.Fatal(err)
@@ -32,7 +36,7 @@ func fixtureItems(f *testing.F) [][]byte {
 }
 
 // dataPickle extracts */data.pkl from a torch.save item.
-func dataPickle(f *testing.F, item []byte) []byte {
+func dataPickle(f testing.TB, item []byte) []byte {
 	zr, err := zip.NewReader(bytes.NewReader(item), int64(len(item)))
 	if err != nil {
 		f.Fatal(err)
@@ -54,20 +58,47 @@ func dataPickle(f *testing.F, item []byte) []byte {
 	return nil
 }
 
-func FuzzUnpickle(f *testing.F) {
-	for _, c := range fixtureCases {
+// maxUnpickleInput bounds the inputs FuzzUnpickle looks at. The fuzzing
+// engine minimises every input that finds new coverage before it goes on;
+// its minimiser is quadratic in the input's length (it tries removing every
+// byte range) and runs for up to -fuzzminimizetime, 60 s by default. A
+// pickle whose new coverage needs it intact (length-framed opcodes, STOP at
+// the end) never shrinks, so with whole fixture .metadata objects (8-11 KB)
+// as seeds every new input cost the full 60 s, executions not counted: the
+// 0 execs/s stall of issue 16. scripts/fuzz.sh bounds minimisation in
+// executions (-fuzzminimizetime 10000x); the seeds stay small
+// (TestFuzzUnpickleSeedsAreSmall) and longer mutants are skipped, which
+// keeps each execution, and each minimisation step, cheap.
+const maxUnpickleInput = 3 << 10
+
+// unpickleSeeds returns FuzzUnpickle's seed inputs: the small real DCP
+// .metadata objects (one of torch 1.13, a 2-rank one of torch 2.x), the
+// synthetic torch 2.x metadata and the data pickles of real items. The
+// larger fixture metadata objects are decoded by TestFixtures instead.
+func unpickleSeeds(tb testing.TB) [][]byte {
+	var seeds [][]byte
+	for _, c := range []string{"nested_unflattened", "sharded_2rank"} {
 		b, err := os.ReadFile(filepath.Join("testdata", c, ".metadata"))
 		if err != nil {
-			f.Fatal(err)
+			tb.Fatal(err)
 		}
-		f.Add(b)
+		seeds = append(seeds, b)
 	}
-	f.Add(metadata2x(nil))
-	f.Add(metadata2x([]string{"stream_zstd"}))
-	for _, item := range fixtureItems(f) {
-		f.Add(dataPickle(f, item))
+	seeds = append(seeds, metadata2x(nil), metadata2x([]string{"stream_zstd"}))
+	for _, item := range fixtureItems(tb) {
+		seeds = append(seeds, dataPickle(tb, item))
+	}
+	return seeds
+}
+
+func FuzzUnpickle(f *testing.F) {
+	for _, s := range unpickleSeeds(f) {
+		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > maxUnpickleInput {
+			return
+		}
 		if v, err := unpickle(data, storageLoader()); err == nil {
 			budget := 4*len(data) + 64
 			_, _ = plain(v, 0, &budget)
@@ -104,4 +135,30 @@ func FuzzDecodeTensor(f *testing.F) {
 		_, _ = DecodeValue(item)
 		_, _ = decodeBytesItem(item, "", nil)
 	})
+}
+
+// Regression (issue 16): FuzzUnpickle stalled at 0 execs/s after its
+// baseline because its seeds were whole 8-11 KB metadata objects, whose
+// mutants the engine spent its whole minimisation budget on (see
+// maxUnpickleInput). Every seed, and every input committed under
+// testdata/fuzz, must fit the bound the target fuzzes within.
+func TestFuzzUnpickleSeedsAreSmall(t *testing.T) {
+	seeds := unpickleSeeds(t)
+	require.NotEmpty(t, seeds)
+	for i, s := range seeds {
+		assert.LessOrEqual(t, len(s), maxUnpickleInput, "seed %d", i)
+	}
+	corpus, err := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzUnpickle", "*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, corpus)
+	for _, p := range corpus {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		// "go test fuzz v1\n[]byte(<quoted string>)\n"
+		_, lit, ok := strings.Cut(strings.TrimSpace(string(b)), "\n[]byte(")
+		require.True(t, ok, p)
+		in, err := strconv.Unquote(strings.TrimSuffix(lit, ")"))
+		require.NoError(t, err, p)
+		assert.LessOrEqual(t, len(in), maxUnpickleInput, p)
+	}
 }

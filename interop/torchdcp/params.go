@@ -15,7 +15,9 @@ import (
 // list of fqns). It reports whether the set was found. Groups whose params
 // are not all strings (an optimizer state dict keyed by parameter index)
 // or that cannot be decoded leave the set unknown, which is not an error:
-// readers then fall back to taking every model key for a parameter.
+// readers then fall back to taking every model key for a parameter. A group
+// whose pickle names a forbidden global is an error (ErrForbiddenGlobal,
+// naming the key), never an unknown set.
 func FillParams(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	var params []string
 	found := false

@@ -19,9 +19,10 @@ const maxValueDepth = 256
 // JSON).
 //
 // Anything else (tensors inside the value, as a 1.13 save of an unflattened
-// state dict produces, objects, non-string-or-int keys, globals outside the
-// allow-list) gives an error wrapping ErrOpaque; a malformed item gives
-// ErrMalformed.
+// state dict produces, objects, non-string-or-int keys) gives an error
+// wrapping ErrOpaque; a pickle naming a global outside the allow-list gives
+// the *ForbiddenGlobalError (ErrForbiddenGlobal, not ErrOpaque: it is not a
+// value to skip but an item to report); a malformed item gives ErrMalformed.
 func DecodeValue(item []byte) (any, error) {
 	a, err := openArchive(item)
 	if err != nil {
@@ -33,9 +34,6 @@ func DecodeValue(item []byte) (any, error) {
 	}
 	v, err := unpickle(pkl, storageLoader())
 	if err != nil {
-		if errors.Is(err, ErrForbiddenGlobal) {
-			return nil, fmt.Errorf("%w: %w", ErrOpaque, err)
-		}
 		return nil, fmt.Errorf("value pickle: %w", err)
 	}
 	budget := 4*len(pkl) + 64
@@ -109,11 +107,14 @@ func IsRawItem(b []byte) bool { return bytes.HasPrefix(b, zipMagic) }
 
 // decodeBytesItem is the "torch-save-bytes" chunk decoder: the item's value
 // as JSON (tuples and sets become arrays, bytes become base64 strings), or
-// the raw item bytes unchanged when the value is opaque or has no JSON form
-// (NaN or infinite floats). IsRawItem tells the two apart.
+// the raw item bytes unchanged when the value is opaque, names a global
+// outside the allow-list (a user's own class: nothing is evaluated, the
+// bytes are handed over as stored) or has no JSON form (NaN or infinite
+// floats). IsRawItem tells the two apart. The items the training state is
+// read from (FillIteration, FillParams) report a forbidden global instead.
 func decodeBytesItem(stored []byte, _ string, _ []int64) ([]byte, error) {
 	v, err := DecodeValue(stored)
-	if errors.Is(err, ErrOpaque) {
+	if errors.Is(err, ErrOpaque) || errors.Is(err, ErrForbiddenGlobal) {
 		return stored, nil
 	}
 	if err != nil {

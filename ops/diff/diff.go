@@ -2,15 +2,19 @@
 // key by key: keys only on one side, kind (tensor or bytes), dtype and
 // shape changes, and content differences, either exactly (SHA-256 of the
 // row-major little-endian bytes) or within a tolerance on the maximum
-// absolute element difference. It streams: one tensor per side is in
-// memory at a time.
+// absolute element difference. It streams: each tensor is read through
+// loader.WriteTensor (chunks stored as whole rows streamed through small
+// buffers, other layouts in bounded slabs), both sides in step for a
+// tolerance comparison, so memory does not follow tensor size.
 package diff
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sort"
 
@@ -171,23 +175,15 @@ func compareKey(ctx context.Context, a, b *loader.Checkpoint, key string, opts O
 	}
 	d.Kind = KindContent
 	if at != nil && opts.UseTolerance {
-		ta, err := a.ReadTensor(ctx, key)
+		m, over, n, err := compareTensors(ctx, a, b, key, statedict.DType(at.DType), opts.Tolerance)
 		if err != nil {
 			return nil, 0, err
-		}
-		tb, err := b.ReadTensor(ctx, key)
-		if err != nil {
-			return nil, 0, err
-		}
-		m, over, err := maxAbsDiff(statedict.DType(at.DType), ta.Data, tb.Data, opts.Tolerance)
-		if err != nil {
-			return nil, 0, fmt.Errorf("diff %q: %w", key, err)
 		}
 		if over == 0 {
-			return nil, int64(len(ta.Data) + len(tb.Data)), nil
+			return nil, n, nil
 		}
 		d.MaxAbsDiff, d.Elements = &m, over
-		return d, int64(len(ta.Data) + len(tb.Data)), nil
+		return d, n, nil
 	}
 	ha, na, err := hashKey(ctx, a, key, at != nil)
 	if err != nil {
@@ -204,23 +200,106 @@ func compareKey(ctx context.Context, a, b *loader.Checkpoint, key string, opts O
 	return d, na + nb, nil
 }
 
-// hashKey reads one key and returns the SHA-256 of its row-major bytes;
-// the data is dropped before the other side is read.
+// hashKey returns the SHA-256 of one key's row-major bytes and their
+// number; a tensor is streamed into the hash (loader.WriteTensor, which
+// writes exactly its dtype size times its element count, or fails), a
+// bytes value read whole.
 func hashKey(ctx context.Context, c *loader.Checkpoint, key string, tensor bool) (string, int64, error) {
-	var data []byte
+	h := sha256.New()
+	var n int64
 	if tensor {
-		t, err := c.ReadTensor(ctx, key)
-		if err != nil {
+		if err := c.WriteTensor(ctx, key, h); err != nil {
 			return "", 0, err
 		}
-		data = t.Data
+		te := c.Metadata().Tensor(key)
+		n = statedict.NumElements(te.Shape) * int64(statedict.DType(te.DType).Size())
 	} else {
 		b, err := c.ReadBytes(ctx, key)
 		if err != nil {
 			return "", 0, err
 		}
-		data = b
+		h.Write(b)
+		n = int64(len(b))
 	}
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:]), int64(len(data)), nil
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// pieceBytes is the size of the pieces a tolerance comparison takes from
+// each side at a time (a multiple of every element size).
+const pieceBytes = 1 << 20
+
+// errStopped ends a side's stream once the comparison no longer reads it.
+var errStopped = errors.New("diff: comparison stopped")
+
+// compareTensors compares tensor key, of dtype dt and the same shape on
+// both sides, element by element: each side is streamed through
+// loader.WriteTensor into a pipe and the two are read in step, pieceBytes
+// at a time. It returns the largest absolute difference, the number of
+// elements beyond tol and the bytes read from both sides. An error on
+// either side (a checksum mismatch found at the end of a chunk included)
+// is the result, whatever was compared before it.
+func compareTensors(ctx context.Context, a, b *loader.Checkpoint, key string, dt statedict.DType, tol float64) (float64, int64, int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type side struct {
+		r    *io.PipeReader
+		done chan error
+		buf  []byte
+	}
+	start := func(c *loader.Checkpoint) *side {
+		pr, pw := io.Pipe()
+		s := &side{r: pr, done: make(chan error, 1), buf: make([]byte, pieceBytes)}
+		go func() {
+			err := c.WriteTensor(ctx, key, pw)
+			pw.CloseWithError(err) // nil: the reader sees io.EOF
+			s.done <- err
+		}()
+		return s
+	}
+	sides := [2]*side{start(a), start(b)}
+	// On any return: stop both writers and wait for them, so no goroutine
+	// outlives the comparison; a writer's own error wins over errStopped.
+	stop := func(err error) error {
+		cancel()
+		for _, s := range sides {
+			s.r.CloseWithError(errStopped)
+		}
+		for _, s := range sides {
+			if werr := <-s.done; err == nil && werr != nil && !errors.Is(werr, errStopped) {
+				err = werr
+			}
+		}
+		return err
+	}
+	var maxDiff float64
+	var over, total int64
+	for {
+		var n [2]int
+		var eof [2]bool
+		for i, s := range sides {
+			k, err := io.ReadFull(s.r, s.buf)
+			n[i] = k
+			switch {
+			case err == io.EOF || err == io.ErrUnexpectedEOF:
+				eof[i] = true
+			case err != nil:
+				return 0, 0, 0, stop(err)
+			}
+		}
+		if n[0] != n[1] || eof[0] != eof[1] {
+			return 0, 0, 0, stop(fmt.Errorf("diff %q: the two sides streamed %d and %d bytes at offset %d", key, n[0], n[1], total/2))
+		}
+		m, o, err := maxAbsDiff(dt, sides[0].buf[:n[0]], sides[1].buf[:n[1]], tol)
+		if err != nil {
+			return 0, 0, 0, stop(fmt.Errorf("diff %q: %w", key, err))
+		}
+		maxDiff, over, total = max(maxDiff, m), over+o, total+int64(n[0]+n[1])
+		if eof[0] {
+			break
+		}
+	}
+	if err := stop(nil); err != nil {
+		return 0, 0, 0, err
+	}
+	return maxDiff, over, total, nil
 }

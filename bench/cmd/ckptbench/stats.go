@@ -91,7 +91,7 @@ func fmtNum(x float64, unit string) string {
 	switch unit {
 	case "count", "bytes", "B/entry":
 		return strconv.FormatFloat(x, 'f', -1, 64)
-	case "s":
+	case "s", "CPU s":
 		if x < 0.1 {
 			return strconv.FormatFloat(x, 'g', 3, 64)
 		}

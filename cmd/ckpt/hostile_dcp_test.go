@@ -1,0 +1,29 @@
+package main
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
+)
+
+// Regression (issue 16): a real DCP checkpoint whose optimizer parameter
+// list item names a forbidden global was "OK: resumable" (the decode error
+// was swallowed). verify, shallow and deep, now exits with the
+// bad-checkpoint code and names the item and the global.
+func TestVerifyRefusesAForbiddenGlobalInADCPParamsItem(t *testing.T) {
+	doc := readmeExitCodes(t)
+	dir := filepath.Join(t.TempDir(), "dcp")
+	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dir)
+	ckpttest.PlantForbiddenGlobal(t, dir, "optimizer.param_groups.0.params")
+	for _, args := range [][]string{{"verify", dir}, {"verify", "--deep", dir}, {"inspect", dir}} {
+		code, out, errs := ckpt(t, args...)
+		require.Equal(t, doc["bad-checkpoint"], code, "%v: %s%s", args, out, errs)
+		assert.Contains(t, errs, "posix.system", args)
+		assert.Contains(t, errs, "optimizer.param_groups.0.params", args)
+		assert.NotContains(t, out, "resumable", args)
+	}
+}
