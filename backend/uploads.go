@@ -23,7 +23,9 @@ type Upload struct {
 }
 
 // UploadLister is implemented by drivers whose incomplete uploads can be
-// listed and aborted (S3). Keys are full driver keys, as in Driver.
+// listed and aborted: S3 lists its multipart uploads; GCS, which cannot
+// list resumable sessions, lists the session markers its driver records
+// (backend/gcs MarkerDir). Keys are full driver keys, as in Driver.
 type UploadLister interface {
 	// ListUploads calls fn for every incomplete upload of a key under
 	// prefix.
@@ -35,8 +37,7 @@ type UploadLister interface {
 
 // ListUploads lists the incomplete uploads of keys under prefix (relative
 // to the store). A driver that cannot list them (or has none: fs and mem
-// publish by rename, GCS resumable sessions are not listable and expire
-// after a week) gives ErrUnsupported.
+// publish by rename) gives ErrUnsupported.
 func (s *Store) ListUploads(ctx context.Context, prefix string, fn func(Upload) error) error {
 	ul, ok := s.drv.(UploadLister)
 	if !ok {

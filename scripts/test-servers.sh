@@ -43,6 +43,9 @@ case ${WITH_SEAWEEDFS:-} in
 *) WITH_SEAWEEDFS=0 ;;
 esac
 BUCKET=${CKPTKIT_TEST_BUCKET:-ckpt-test}
+# Written into the env file: servers started with other flags (an older
+# version of this script) are restarted by start, not reused.
+CONFIG_MARK='# test-servers config 2 (fake-gcs-server -public-host 127.0.0.1)'
 
 CACHE=${CKPTKIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ckptkit}
 BIN_DIR=$CACHE/bin
@@ -212,6 +215,7 @@ pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 cmd_start() {
 	if pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid" && [[ -f $ENV_FILE ]] &&
+		grep -qx "$CONFIG_MARK" "$ENV_FILE" &&
 		{ [[ $WITH_SEAWEEDFS == 0 ]] || pid_alive "$RUN_DIR/seaweedfs.pid"; }; then
 		log "servers already running (run dir $RUN_DIR)"
 		cat "$ENV_FILE"
@@ -241,8 +245,15 @@ cmd_start() {
 	# versitygw reads its keys from the environment so they stay out of ps.
 	ROOT_ACCESS_KEY=$access ROOT_SECRET_KEY=$secret \
 		spawn versitygw "$VERSITYGW_BIN" --port "127.0.0.1:$s3port" posix "$s3root"
+	# -public-host without a port: the emulator serves media downloads
+	# (GET /<bucket>/<object>, where the Go client reads object bytes) only
+	# to requests whose Host matches it, and a host without a port matches
+	# 127.0.0.1 on any port, so downloads also work through a proxy in
+	# front of it (internal/faultproxy, the reliability campaign's faults
+	# class). Upload session URIs are built from each request's Host, so
+	# they point back at the proxy too.
 	spawn fake-gcs-server "$FAKEGCS_BIN" -scheme http -host 127.0.0.1 -port "$gcsport" \
-		-public-host "127.0.0.1:$gcsport" -backend memory -log-level warn
+		-public-host 127.0.0.1 -backend memory -log-level warn
 
 	wait_http "http://127.0.0.1:$s3port/" "$(cat "$RUN_DIR/versitygw.pid")" versitygw "$RUN_DIR/versitygw.log"
 	wait_http "http://127.0.0.1:$gcsport/storage/v1/b" "$(cat "$RUN_DIR/fake-gcs-server.pid")" fake-gcs-server "$RUN_DIR/fake-gcs-server.log"
@@ -252,6 +263,7 @@ cmd_start() {
 
 	umask 077
 	cat >"$ENV_FILE" <<ENV
+$CONFIG_MARK
 export CKPTKIT_TEST_S3_URL='s3://$BUCKET?endpoint=127.0.0.1:$s3port&insecure=true&path_style=true&region=us-east-1'
 export AWS_ACCESS_KEY_ID='$access'
 export AWS_SECRET_ACCESS_KEY='$secret'

@@ -16,10 +16,19 @@
 // is set (for example to fake-gcs-server), the client talks to that host
 // without authentication.
 //
+// Resumable uploads are tracked: GCS cannot list resumable sessions, so the
+// driver records each one in a marker object (MarkerDir) while it is open,
+// and lists and cancels what killed writers left (backend.UploadLister, used
+// by ckpt gc). See sessions.go and docs/FORMAT.md.
+//
 // Known deviations of fake-gcs-server, the emulator the tests run against:
 // it honours the DoesNotExist precondition on writes but ignores
-// preconditions on reads and deletes, and it does not check the CRC32C of
-// resumable uploads. The driver relies on neither.
+// preconditions on reads and deletes, it does not check the CRC32C of
+// resumable uploads, and it answers the cancellation of a resumable session
+// (DELETE on its URI) with 499 but keeps the session usable (real GCS
+// forgets it). The driver relies on none of these. It serves media downloads
+// only to requests whose Host is its -public-host (scripts/test-servers.sh
+// gives it one without a port, so they work through a proxy).
 package gcs
 
 import (
@@ -39,6 +48,7 @@ import (
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
+	htransport "google.golang.org/api/transport/http"
 )
 
 // Scheme is the URL scheme this package registers.
@@ -70,12 +80,18 @@ type Options struct {
 // Driver is a backend.Driver on one GCS bucket.
 type Driver struct {
 	client *storage.Client
+	// hc is the client's HTTP client: its transport records resumable
+	// sessions (sessionTransport); AbortUpload cancels them with it.
+	hc     *http.Client
 	bucket *storage.BucketHandle
 	name   string
 	opts   Options
 }
 
-var _ backend.Driver = (*Driver)(nil)
+var (
+	_ backend.Driver       = (*Driver)(nil)
+	_ backend.UploadLister = (*Driver)(nil)
+)
 
 // New returns a driver for bucket. It builds the client but does not contact
 // the service.
@@ -94,7 +110,22 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	if os.Getenv("STORAGE_EMULATOR_HOST") != "" {
 		copts = append([]option.ClientOption{option.WithoutAuthentication()}, copts...)
 	}
-	client, err := storage.NewClient(ctx, copts...)
+	// The HTTP client is built here (as storage.NewClient would, with its
+	// scopes and credentials) so that its transport can see the responses
+	// that open resumable sessions: their URI is recorded in a marker
+	// before the first chunk (sessions.go).
+	hc, _, err := htransport.NewClient(ctx, append([]option.ClientOption{
+		option.WithScopes(storage.ScopeFullControl, "https://www.googleapis.com/auth/cloud-platform")}, copts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("gcs: HTTP client: %w", err)
+	}
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	hcCopy := *hc // a caller's client (option.WithHTTPClient) stays as it was
+	hcCopy.Transport = &sessionTransport{base: base}
+	client, err := storage.NewClient(ctx, append(copts, option.WithHTTPClient(&hcCopy))...)
 	if err != nil {
 		return nil, fmt.Errorf("gcs: client: %w", err)
 	}
@@ -107,7 +138,7 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	// no reaches those too.
 	client.SetRetry(storage.WithPolicy(storage.RetryAlways), storage.WithMaxAttempts(1),
 		storage.WithErrorFunc(func(error) bool { return false }))
-	return &Driver{client: client, bucket: client.Bucket(bucket), name: bucket, opts: opts}, nil
+	return &Driver{client: client, hc: &hcCopy, bucket: client.Bucket(bucket), name: bucket, opts: opts}, nil
 }
 
 func roundChunk(n int) int {
@@ -199,20 +230,36 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 }
 
 // List implements backend.Driver; GCS lists in lexicographic byte order.
+// Upload markers (keys with a MarkerDir segment) are not listed.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
 	return d.list(ctx, &storage.Query{Prefix: prefix}, fn)
 }
 
 // ListDelimited implements backend.Driver with a Delimiter query: GCS
-// returns each common prefix as an entry with only Prefix set.
+// returns each common prefix as an entry with only Prefix set. The
+// MarkerDir level is not listed.
 func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
 	return d.list(ctx, &storage.Query{Prefix: prefix, Delimiter: backend.Delimiter}, fn)
 }
 
 func (d *Driver) list(ctx context.Context, q *storage.Query, fn func(backend.ObjectInfo) error) error {
-	prefix := q.Prefix
-	if err := q.SetAttrSelection([]string{"Name", "Size", "Updated"}); err != nil {
-		return fmt.Errorf("gcs: list %s: %w", prefix, err)
+	return d.objects(ctx, "list", q, []string{"Name", "Size", "Updated"}, func(a *storage.ObjectAttrs) error {
+		o := backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}
+		if a.Name == "" && a.Prefix != "" {
+			o = backend.ObjectInfo{Key: a.Prefix, IsPrefix: true}
+		}
+		if isReserved(o.Key) {
+			return nil // upload markers (MarkerDir) are not objects
+		}
+		return fn(o)
+	})
+}
+
+// objects calls fn for every entry of the listing q, fetching only attrs;
+// op names the operation in errors.
+func (d *Driver) objects(ctx context.Context, op string, q *storage.Query, attrs []string, fn func(*storage.ObjectAttrs) error) error {
+	if err := q.SetAttrSelection(attrs); err != nil {
+		return fmt.Errorf("gcs: %s %s: %w", op, q.Prefix, err)
 	}
 	it := d.bucket.Objects(ctx, q)
 	for {
@@ -221,13 +268,9 @@ func (d *Driver) list(ctx context.Context, q *storage.Query, fn func(backend.Obj
 			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("gcs: list %s: %w", prefix, err)
+			return fmt.Errorf("gcs: %s %s: %w", op, q.Prefix, err)
 		}
-		o := backend.ObjectInfo{Key: a.Name, Size: a.Size, ModTime: a.Updated}
-		if a.Name == "" && a.Prefix != "" {
-			o = backend.ObjectInfo{Key: a.Prefix, IsPrefix: true}
-		}
-		if err := fn(o); err != nil {
+		if err := fn(a); err != nil {
 			return err
 		}
 	}
@@ -248,13 +291,24 @@ func (d *Driver) Delete(ctx context.Context, key string) error {
 // ctx cancels the writer's context, which abandons the upload. With
 // IfNotExists the write carries the DoesNotExist precondition (412 ->
 // CodeAlreadyExists). A CRC32C given in opts is sent for the server to check;
-// otherwise the client computes one while streaming.
+// otherwise the client computes one while streaming. A resumable upload's
+// session is recorded in a marker object (MarkerDir) from before its first
+// chunk until it is finalized or, when the Put fails, cancelled; keys with
+// a MarkerDir segment are refused (CodeInvalidKey).
 func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
 	if size < 0 {
 		return fmt.Errorf("gcs: put %s: negative size %d", key, size)
 	}
+	if isReserved(key) {
+		return fmt.Errorf("gcs: put %s: %w", key, errReservedKey)
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// If the client opens a resumable session (objects larger than one
+	// chunk), it is recorded in a marker until it is finalized or
+	// cancelled; a single-request upload leaves tr unused.
+	tr := &tracker{d: d, key: key, id: newUploadID()}
+	wctx = context.WithValue(wctx, trackerKey{}, tr)
 	obj := d.bucket.Object(key)
 	if opts.IfNotExists {
 		obj = obj.If(storage.Conditions{DoesNotExist: true})
@@ -279,11 +333,16 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	if err != nil {
 		cancel() // abandons the upload; nothing is published
 		_ = w.Close()
+		_ = tr.done(ctx, true) // best effort: gc aborts what is left
 		return fmt.Errorf("gcs: put %s: %w", key, err)
 	}
 	if err := w.Close(); err != nil {
+		_ = tr.done(ctx, true)
 		return fmt.Errorf("gcs: put %s: %w", key, err)
 	}
+	// The object is published; a marker that cannot be deleted now is
+	// left to gc (cancelling a finalized session is a no-op).
+	_ = tr.done(ctx, false)
 	return nil
 }
 
@@ -302,12 +361,22 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 	if c := backend.CodeOf(err); c != backend.CodeUnknown && c != backend.CodeCanceled {
 		return c
 	}
+	if errors.Is(err, errReservedKey) {
+		return backend.CodeInvalidKey
+	}
 	var ge *googleapi.Error
 	if errors.As(err, &ge) {
 		if ge.Code == http.StatusUnauthorized {
 			return backend.CodePermission
 		}
 		return backend.CodeForHTTPStatus(ge.Code)
+	}
+	var he *httpStatusError
+	if errors.As(err, &he) {
+		if he.code == http.StatusUnauthorized {
+			return backend.CodePermission
+		}
+		return backend.CodeForHTTPStatus(he.code)
 	}
 	return backend.NetworkErrorCode(err)
 }

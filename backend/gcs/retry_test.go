@@ -14,6 +14,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/storetest"
 )
 
 const unavailable = `{"error":{"code":503,"message":"backend unavailable","errors":[{"reason":"backendError","message":"backend unavailable"}]}}`
@@ -64,12 +65,15 @@ func TestRetrySingleUploadTriedAttemptsTimes(t *testing.T) {
 }
 
 // A resumable upload whose chunks keep failing: the client does not retry
-// the chunk, the Store retries the whole Put from its rewound source.
+// the chunk, the Store retries the whole Put from its rewound source. Each
+// failed attempt cancels its own session and removes its marker.
 func TestRetryResumableChunkTriedAttemptsTimes(t *testing.T) {
 	st, p := proxiedStore(t, "chunk_size", "256KiB")
-	// The emulator takes chunks as POSTs naming the session's upload_id.
-	chunks := p.Add(fail503(func(r *http.Request) bool { return isUpload(r) && r.URL.Query().Has("upload_id") }))
-	starts := p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool { return isUpload(r) && !r.URL.Query().Has("upload_id") },
+	// The emulator takes chunks as PUTs or POSTs naming the session's
+	// upload_id; a DELETE naming it cancels the session.
+	chunks := p.Add(fail503(func(r *http.Request) bool { return isSessionRequest(r) && r.Method != http.MethodDelete }))
+	starts := p.Add(&faultproxy.Rule{Match: isSessionStart, Fail: func(int) bool { return false }})
+	cancels := p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool { return isSessionRequest(r) && r.Method == http.MethodDelete },
 		Fail: func(int) bool { return false }})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -77,11 +81,22 @@ func TestRetryResumableChunkTriedAttemptsTimes(t *testing.T) {
 	require.ErrorIs(t, err, backend.ErrTransient)
 	assert.Equal(t, retryPolicy.Attempts, p.Count(chunks), "chunk requests at the server")
 	assert.Equal(t, retryPolicy.Attempts, p.Count(starts), "resumable sessions started")
+	assert.Equal(t, retryPolicy.Attempts, p.Count(cancels), "every failed attempt cancelled its session")
 	p.Clear()
 	ok, err := st.Exists(context.Background(), "big")
 	require.NoError(t, err)
 	assert.False(t, ok, "a failed upload publishes nothing")
+	assert.Empty(t, storetest.Uploads(t, st), "no marker is left")
 }
+
+// isSessionStart matches the request that opens a resumable session.
+func isSessionStart(r *http.Request) bool {
+	return isUpload(r) && r.Method == http.MethodPost && r.URL.Query().Get("uploadType") == "resumable" && !r.URL.Query().Has("upload_id")
+}
+
+// isSessionRequest matches a request on an open session (its URI names
+// the upload_id): a chunk, a status query or a cancellation.
+func isSessionRequest(r *http.Request) bool { return isUpload(r) && r.URL.Query().Has("upload_id") }
 
 // Reads are retried by the Store alone too.
 func TestRetryStatTriedAttemptsTimes(t *testing.T) {

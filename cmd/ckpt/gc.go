@@ -127,9 +127,10 @@ write, including foreign formats. Uncommitted prefixes older than --grace
 are abandoned saves and are removed. Under committed checkpoints, data
 objects older than --grace that the metadata does not name (a save attempt
 that lost the commit to a concurrent writer, or one an overwrite replaced)
-are orphans and are removed too. Incomplete multipart uploads under the run
-(S3) started more than --grace ago (parts of a save or copy that was killed)
-are listed and aborted.
+are orphans and are removed too. Incomplete uploads under the run started
+more than --grace ago (parts of a save or copy that was killed: S3 multipart
+uploads, GCS resumable sessions recorded in .ckptkit-uploads/ markers) are
+listed and aborted.
 
 Each deletion removes the metadata object first, so an interrupted gc never
 leaves a committed-looking checkpoint with missing data, then the data
@@ -267,6 +268,10 @@ func printGCPlan(w io.Writer, plan *gc.Plan, now time.Time, dryRun bool) {
 		fmt.Fprintf(w, "%s %d orphan data object(s) of losing or replaced save attempts, %s\n", verb, len(plan.Orphans), humanBytes(plan.OrphanBytes))
 	}
 	for _, u := range plan.Uploads {
+		if u.Size == 0 { // unknown (GCS sessions) or no part yet
+			fmt.Fprintf(w, "upload %s (started %s ago): incomplete\n", safe(u.Key), humanAge(now.Sub(u.Initiated)))
+			continue
+		}
 		fmt.Fprintf(w, "upload %s (%s of parts, started %s ago): incomplete\n", safe(u.Key), humanBytes(u.Size), humanAge(now.Sub(u.Initiated)))
 	}
 	if len(plan.Uploads) > 0 {

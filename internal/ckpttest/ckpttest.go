@@ -29,6 +29,11 @@ import (
 // with the URL of a test S3 bucket.
 const S3URLEnv = "CKPTKIT_TEST_S3_URL"
 
+// GCSURLEnv names the environment variable scripts/test-servers.sh exports
+// with the URL of a test GCS bucket on the emulator (whose address is
+// STORAGE_EMULATOR_HOST).
+const GCSURLEnv = "CKPTKIT_TEST_GCS_URL"
+
 // Backend is a storage a test runs on.
 type Backend struct {
 	Name string

@@ -106,3 +106,29 @@ func ProxiedS3(t testing.TB, policy backend.RetryPolicy) (*backend.Store, *fault
 	t.Cleanup(p.Clear) // runs before the scratch clean-up, which must pass
 	return st.WithRetry(policy), p
 }
+
+// ProxiedGCS opens a store on a fresh prefix of the GCS test bucket through
+// a fault-injecting proxy, with policy as its retry policy; it skips the
+// test when CKPTKIT_TEST_GCS_URL or STORAGE_EMULATOR_HOST is not set. The
+// driver finds the emulator by STORAGE_EMULATOR_HOST, so this sets it to
+// the proxy for the rest of the test (t.Setenv: not in parallel tests);
+// every request (JSON API, uploads and their sessions, media downloads)
+// then goes through the proxy. The caller's binary must register the gs
+// scheme (import backend/gcs). The proxy's rules are cleared before the
+// prefix is cleaned up.
+func ProxiedGCS(t testing.TB, policy backend.RetryPolicy) (*backend.Store, *faultproxy.Proxy) {
+	t.Helper()
+	raw, host := os.Getenv(GCSURLEnv), os.Getenv("STORAGE_EMULATOR_HOST")
+	if raw == "" || host == "" {
+		t.Skipf("%s or STORAGE_EMULATOR_HOST not set", GCSURLEnv)
+	}
+	p, err := faultproxy.New("http://" + strings.TrimPrefix(host, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	t.Setenv("STORAGE_EMULATOR_HOST", p.Host())
+	root, err := backend.Open(context.Background(), raw)
+	require.NoError(t, err)
+	st := storetest.Scratch(t, root)
+	t.Cleanup(p.Clear)
+	return st.WithRetry(policy), p
+}

@@ -9,6 +9,7 @@ package faultproxy
 import (
 	"bytes"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -83,6 +84,15 @@ func New(target string) (*Proxy, error) {
 	}
 	p := &Proxy{counts: map[*Rule]int{}, failed: map[*Rule]int{}}
 	rp := httputil.NewSingleHostReverseProxy(u)
+	// A client that gives up on a request (a killed process, a cancelled
+	// context) is not a proxy failure worth a log line; anything else is
+	// logged as httputil does.
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		if r.Context().Err() == nil {
+			log.Printf("faultproxy: %s %s: %v", r.Method, r.URL.Path, err)
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	}
 	// The Host header stays the proxy's: request signatures (S3 SigV4) were
 	// computed for it.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

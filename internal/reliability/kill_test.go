@@ -38,6 +38,9 @@ func TestSIGKILLDuringSaves(t *testing.T) {
 	if s3Run("x") != "" {
 		backends["s3"] = func(int) string { return s3Run("kill") }
 	}
+	if gcsRun("x") != "" {
+		backends["gcs"] = func(int) string { return gcsRun("kill") }
+	}
 	for name, newRun := range backends {
 		t.Run(name, func(t *testing.T) {
 			n := size(100, 5)

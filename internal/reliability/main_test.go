@@ -188,3 +188,13 @@ func s3Run(name string) string {
 	}
 	return ckpttest.WithPath(u, randName(name+"-"))
 }
+
+// gcsRun returns a fresh run URL in the GCS test bucket, or "" when the
+// test servers are not running.
+func gcsRun(name string) string {
+	u := os.Getenv(ckpttest.GCSURLEnv)
+	if u == "" || os.Getenv("STORAGE_EMULATOR_HOST") == "" {
+		return ""
+	}
+	return ckpttest.WithPath(u, randName(name+"-"))
+}

@@ -79,3 +79,15 @@ func Scratch(t conformance.T, root *backend.Store) *backend.Store {
 	})
 	return st
 }
+
+// Uploads lists the incomplete uploads (S3 multipart uploads, GCS
+// resumable sessions recorded by their markers) under st.
+func Uploads(t conformance.T, st *backend.Store) []backend.Upload {
+	t.Helper()
+	out := []backend.Upload{}
+	require.NoError(t, st.ListUploads(context.Background(), "", func(u backend.Upload) error {
+		out = append(out, u)
+		return nil
+	}))
+	return out
+}

@@ -31,7 +31,7 @@ type Plan struct {
 	// (FindOrphans); DeleteOrphans removes them.
 	Orphans     []Orphan `json:"orphans"`
 	OrphanBytes int64    `json:"orphan_bytes"`
-	// Uploads are incomplete multipart uploads under the run started
+	// Uploads are incomplete multipart or resumable uploads under the run started
 	// longer than the grace period ago (FindUploads); AbortUploads
 	// aborts them.
 	Uploads []backend.Upload `json:"uploads"`

@@ -9,11 +9,12 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 )
 
-// FindUploads lists the incomplete multipart uploads under run that were
+// FindUploads lists the incomplete uploads under run (S3 multipart
+// uploads, GCS resumable sessions recorded by their markers) that were
 // started longer than grace before now: the parts of saves and copies
 // that were killed before they could abort their own uploads. Uploads of
-// unknown age are left alone. Backends that have no listable uploads
-// (fs, mem, GCS) give none.
+// unknown age are left alone. Backends that have no incomplete uploads
+// (fs, mem) give none.
 func FindUploads(ctx context.Context, run *backend.Store, grace time.Duration, now time.Time) ([]backend.Upload, error) {
 	out := []backend.Upload{}
 	err := run.ListUploads(ctx, "", func(u backend.Upload) error {
