@@ -62,6 +62,8 @@ type Checkpoint struct {
 	format metadata.Format
 	md     *metadata.Checkpoint
 	raw    []byte
+	// rawSize is len(raw) as read, kept after ReleaseRawMetadata.
+	rawSize int
 
 	sizesMu sync.Mutex
 	sizes   map[string]int64 // data object sizes as stored (objectSize)
@@ -118,7 +120,7 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 				return nil, fmt.Errorf("open checkpoint %s: %w", st, err)
 			}
 		}
-		return &Checkpoint{store: st, format: f, md: md, raw: data}, nil
+		return &Checkpoint{store: st, format: f, md: md, raw: data, rawSize: len(data)}, nil
 	}
 	// No metadata here. Tell an incomplete checkpoint (data objects) from a
 	// run prefix (checkpoints below it) by looking at a bounded number of
@@ -172,11 +174,18 @@ func (c *Checkpoint) FormatName() string { return c.format.Name }
 func (c *Checkpoint) MetadataKey() string { return c.format.ObjectKey }
 
 // MetadataSize is the metadata object's size in bytes.
-func (c *Checkpoint) MetadataSize() int { return len(c.raw) }
+func (c *Checkpoint) MetadataSize() int { return c.rawSize }
 
 // RawMetadata returns the metadata object's bytes exactly as read (to copy
-// a checkpoint without re-encoding it). Do not modify them.
+// a checkpoint without re-encoding it), or nil after ReleaseRawMetadata. Do
+// not modify them.
 func (c *Checkpoint) RawMetadata() []byte { return c.raw }
+
+// ReleaseRawMetadata lets the metadata object's bytes be collected: a
+// caller that will not copy the checkpoint (inspect, verify) keeps only the
+// decoded metadata, which for a huge object halves what it holds. The
+// decoded metadata does not refer to these bytes.
+func (c *Checkpoint) ReleaseRawMetadata() { c.raw = nil }
 
 // Store returns the store every read goes through.
 func (c *Checkpoint) Store() *backend.Store { return c.store }

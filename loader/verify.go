@@ -111,6 +111,9 @@ func Verify(ctx context.Context, st *backend.Store, opts VerifyOptions) (*Verify
 	case err != nil:
 		return nil, err
 	}
+	// The checkpoint is not handed out: its metadata bytes are not needed
+	// once decoded (a huge object would otherwise be held twice).
+	c.ReleaseRawMetadata()
 	if err := c.VerifyInto(ctx, rep, opts); err != nil {
 		return nil, err
 	}

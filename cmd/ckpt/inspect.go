@@ -30,6 +30,9 @@ func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, r
 	}
 	c, err = loader.Open(ctx, st)
 	if err == nil {
+		// inspect never copies the metadata object: only its decoded form
+		// is kept (a huge object would otherwise be held twice).
+		c.ReleaseRawMetadata()
 		return c, "", nil
 	}
 	if !errors.Is(err, loader.ErrIncomplete) && !errors.Is(err, loader.ErrNoCheckpoint) {
@@ -42,6 +45,7 @@ func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, r
 		}
 		return nil, "", lerr
 	}
+	found.Checkpoint.ReleaseRawMetadata()
 	return found.Checkpoint, st.String(), nil
 }
 
