@@ -531,14 +531,20 @@ func (z *sizedReader) fence() error {
 	return z.err
 }
 
-func (z *sizedReader) Read(p []byte) (int, error) {
+// lock takes z.mu and returns why the body can no longer be read: its
+// attempt is over, or the source already failed. The caller unlocks.
+func (z *sizedReader) lock() error {
 	z.mu.Lock()
-	defer z.mu.Unlock()
 	if z.fenced {
-		return 0, errAttemptOver
+		return errAttemptOver
 	}
-	if z.err != nil {
-		return 0, z.err
+	return z.err
+}
+
+func (z *sizedReader) Read(p []byte) (int, error) {
+	defer z.mu.Unlock()
+	if err := z.lock(); err != nil {
+		return 0, err
 	}
 	if err := z.ctx.Err(); err != nil {
 		z.err = err
@@ -591,13 +597,9 @@ type sizedWriterTo struct {
 // destination failed, not the source); a source of the wrong length or a
 // cancelled ctx is the source's error, as with Read.
 func (z *sizedWriterTo) WriteTo(w io.Writer) (int64, error) {
-	z.mu.Lock()
 	defer z.mu.Unlock()
-	if z.fenced {
-		return 0, errAttemptOver
-	}
-	if z.err != nil {
-		return 0, z.err
+	if err := z.lock(); err != nil {
+		return 0, err
 	}
 	if n := int64(z.src.Len()); n != z.remaining {
 		z.err = fmt.Errorf("source holds %d bytes, %d declared: %w", n, z.remaining, ErrSizeMismatch)
