@@ -194,15 +194,12 @@ func (s *Saver) SaveLocalAsync(ctx context.Context, st *backend.Store, sds []*st
 
 func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*Result, error)) (*Handle, error) {
 	t0 := time.Now()
-	if err := s.waitIdle(ctx); err != nil {
+	h := newHandle(t0)
+	if err := s.waitIdle(ctx, h); err != nil {
 		return nil, err
 	}
-	h := newHandle(t0)
 	h.waited = time.Since(t0)
 	stg := &staging{pool: s.stg, gate: h.gate}
-	s.mu.Lock()
-	s.cur = h
-	s.mu.Unlock()
 	go func() {
 		res, err := run(h, stg)
 		s.mu.Lock()
@@ -230,9 +227,34 @@ func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*R
 }
 
 // waitIdle waits for the save in flight (or refuses), then returns the
-// failure of the previous save if no save call returned it yet.
-func (s *Saver) waitIdle(ctx context.Context) error {
-	if cur := s.inFlight(); cur != nil {
+// failure of the previous save if no save call returned it yet. With next
+// non-nil it also makes next the save in flight, in the same critical
+// section that found the saver idle, so two concurrent saves never both
+// start.
+func (s *Saver) waitIdle(ctx context.Context, next *Handle) error {
+	for {
+		s.mu.Lock()
+		cur := s.cur
+		busy := false
+		if cur != nil {
+			select {
+			case <-cur.done:
+			default:
+				busy = true
+			}
+		}
+		if !busy {
+			defer s.mu.Unlock()
+			if err := s.pending; err != nil {
+				s.pending = nil
+				return fmt.Errorf("saver: the previous save failed: %w", err)
+			}
+			if next != nil {
+				s.cur = next
+			}
+			return nil
+		}
+		s.mu.Unlock()
 		if s.refuse {
 			return fmt.Errorf("saver: %w (started %s ago)", ErrSaveInFlight, time.Since(cur.start).Round(time.Millisecond))
 		}
@@ -242,13 +264,6 @@ func (s *Saver) waitIdle(ctx context.Context) error {
 			return fmt.Errorf("saver: waiting for the previous save: %w", ctx.Err())
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.pending; err != nil {
-		s.pending = nil
-		return fmt.Errorf("saver: the previous save failed: %w", err)
-	}
-	return nil
 }
 
 // Wait waits for the save in flight, if any, and returns the outcome of
@@ -289,7 +304,7 @@ func (s *Saver) Stats() Stats {
 // save. If ctx ends first (or the Saver refuses to wait), the save goes
 // on and keeps the pool.
 func (s *Saver) Close(ctx context.Context) error {
-	err := s.waitIdle(ctx)
+	err := s.waitIdle(ctx, nil)
 	if s.inFlight() != nil {
 		return err
 	}

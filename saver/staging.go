@@ -152,13 +152,6 @@ func (s *stager) stage(ctx context.Context, size, reserve int64, parts [][]byte,
 		s.sem.Release(units)
 		return nil, nil, err
 	}
-	held := s.held.Add(n * s.page)
-	for {
-		p := s.peak.Load()
-		if held <= p || s.peak.CompareAndSwap(p, held) {
-			break
-		}
-	}
 	copyParallel(pages, parts, s.page, size)
 	body := slices.Clone(pages)
 	body[n-1] = body[n-1][:size-(n-1)*s.page]
@@ -238,6 +231,15 @@ func (s *stager) take(n int) ([][]byte, error) {
 		out = append(out, s.mem.Bytes()[s.next:s.next+s.page:s.next+s.page])
 		s.next += s.page
 		s.allocated.Add(s.page)
+	}
+	// Counted as held under mu, so that drop (which unmaps only when
+	// nothing is held) can never unmap pages handed out here.
+	held := s.held.Add(int64(n) * s.page)
+	for {
+		p := s.peak.Load()
+		if held <= p || s.peak.CompareAndSwap(p, held) {
+			break
+		}
 	}
 	return out, nil
 }
