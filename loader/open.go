@@ -113,6 +113,15 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		}
 		if f.Complete != nil {
 			read := func(object string, offset, length int64) ([]byte, error) {
+				// Allocate only what the object really holds: a length
+				// declared by a hostile header is checked against a Stat.
+				a, err := st.Stat(ctx, object)
+				if err != nil {
+					return nil, MissingObject(err)
+				}
+				if offset < 0 || length < 0 || offset > a.Size || length > a.Size-offset {
+					return nil, fmt.Errorf("%w: %s holds %d bytes, %d at offset %d were asked for", ErrMissingObject, st.URL(object), a.Size, length, offset)
+				}
 				buf := make([]byte, length)
 				return buf, MissingObject(st.ReadRange(ctx, object, offset, buf))
 			}

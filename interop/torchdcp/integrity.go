@@ -116,11 +116,11 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	body, err := read(IntegrityKey, IntegrityHeaderSize, size-IntegrityHeaderSize)
+	whole, err := read(IntegrityKey, 0, size)
 	if err != nil {
 		return false, fmt.Errorf("read %s: %w", IntegrityKey, err)
 	}
-	in, err := DecodeIntegrity(append(head, body...))
+	in, err := DecodeIntegrity(whole)
 	if err != nil {
 		return false, err
 	}

@@ -7,9 +7,11 @@ package torchdcp_test
 
 import (
 	"context"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -147,4 +149,23 @@ func mustRead(t *testing.T, path string) []byte {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return b
+}
+
+// Regression (review): the integrity object's header sets how much is read,
+// and the read allocated that size before looking at the object, so a
+// 100-byte object declaring 1 GiB cost 1 GiB (twice, with a copy) in every
+// verify or inspect. The declared size is now checked against the object.
+func TestIntegrityHeaderDeclaringMoreThanTheObjectIsRefusedUnallocated(t *testing.T) {
+	dir, _ := withIntegrity(t, false, "")
+	header := fmt.Sprintf("ckptkit-dcp-integrity/1 %-*d\n", torchdcp.IntegrityHeaderSize-len("ckptkit-dcp-integrity/1 ")-1, 1<<30)
+	require.Len(t, header, torchdcp.IntegrityHeaderSize)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, torchdcp.IntegrityKey), []byte(header+`{"algorithm":"crc32c"}`), 0o644))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := loader.Open(context.Background(), openDir(t, dir))
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, loader.ErrMissingObject)
+	require.Contains(t, err.Error(), torchdcp.IntegrityKey)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "the declared 1 GiB must not be allocated")
 }
