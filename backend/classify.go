@@ -42,7 +42,8 @@ func CodeForHTTPStatus(status int) Code {
 // io.ErrUnexpectedEOF anywhere in err's chain: the server or a proxy
 // closed it before the response or its body was complete), a malformed
 // response header (textproto.ProtocolError: the connection broke inside
-// the header block), any other *net.OpError but a failed name lookup, or
+// the header block), any other *net.OpError but a failed name lookup or a
+// TLS alert ("remote error", "local error": retrying cannot help), or
 // a net.Error timeout. Anything else is CodeUnknown. Drivers call it
 // after their service-specific error codes, so a complete error response
 // is classified by its status, never here.
@@ -71,6 +72,11 @@ func NetworkErrorCode(err error) Code {
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) {
+		if oe.Op == "remote error" || oe.Op == "local error" {
+			// crypto/tls reports a TLS alert (a refused certificate, a
+			// protocol mismatch) as an OpError: retrying cannot help.
+			return CodeUnknown
+		}
 		return CodeTransient
 	}
 	return CodeUnknown

@@ -1,6 +1,7 @@
 package backend_test
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -59,6 +60,10 @@ func TestNetworkErrorCode(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", timeoutErr{timeout: true}), backend.CodeTransient},
 		{timeoutErr{timeout: false}, backend.CodeUnknown},
 		{os.ErrDeadlineExceeded, backend.CodeTransient},
+		// Regression (review): TLS alerts, which crypto/tls wraps in an
+		// OpError, were retried until the budget ran out.
+		{fmt.Errorf("put: %w", &net.OpError{Op: "remote error", Err: tls.AlertError(116)}), backend.CodeUnknown},
+		{&net.OpError{Op: "local error", Err: tls.AlertError(40)}, backend.CodeUnknown},
 	} {
 		assert.Equal(t, tc.want, backend.NetworkErrorCode(tc.err), "%v", tc.err)
 	}

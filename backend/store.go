@@ -397,6 +397,11 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 	if opts.IfNotExists && !s.drv.Capabilities().CreateIfAbsent {
 		return &Error{Op: "write", URL: s.URL(key), Code: CodeUnsupported, Err: errors.New("create-if-absent not supported")}
 	}
+	if lw, ok := r.(lenWriterTo); ok && int64(lw.Len()) != size {
+		// Refused before anything is sent, whichever way the driver
+		// consumes the body.
+		return &Error{Op: "write", URL: s.URL(key), Code: CodeSizeMismatch, Err: fmt.Errorf("source holds %d bytes, %d declared: %w", lw.Len(), size, ErrSizeMismatch)}
+	}
 	seeker, canRewind := r.(io.ReadSeeker)
 	var start int64
 	if canRewind {

@@ -510,20 +510,15 @@ func (c *Checkpoint) streamChunk(ctx context.Context, op *planner.ReadOp, cr *pl
 // streamPiece pieces, checking their CRC32C against crc and, for a bool
 // dtype, that every byte is 0 or 1. where names the item in errors (called only then).
 func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, length int64, crc uint32, dtype string, where func() string, w io.Writer) error {
-	rc, err := c.store.NewRangeReader(ctx, object, offset, length)
-	if err != nil {
-		return MissingObject(err)
-	}
-	defer rc.Close()
 	buf := make([]byte, min(int64(streamPiece), length))
 	var got uint32
 	for done := int64(0); done < length; {
-		n, err := io.ReadFull(rc, buf[:min(int64(len(buf)), length-done)])
-		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				return fmt.Errorf("%w: %s: object ends after %d bytes: %w", ErrMissingObject, where(), done+int64(n), io.ErrUnexpectedEOF)
-			}
-			return MissingObject(fmt.Errorf("%s: after %d bytes: %w", where(), done+int64(n), err))
+		// One retried ranged read per piece (Store.ReadRange): a connection
+		// cut in transit is transient and retried, only a short object is
+		// a missing one.
+		n := int(min(int64(len(buf)), length-done))
+		if err := c.store.ReadRange(ctx, object, offset+done, buf[:n]); err != nil {
+			return MissingObject(fmt.Errorf("%s: reading at byte %d of %d: %w", where(), done, length, err))
 		}
 		if dtype == string(statedict.Bool) {
 			for j, b := range buf[:n] {
