@@ -19,6 +19,9 @@ eval "$servers_env"
 trap 'bash scripts/test-servers.sh stop >/dev/null 2>&1 || true' EXIT
 
 status=0
+# A run that records no row (a build failure, an early panic) must not
+# print the previous run's table as its own.
+: >"$report"
 CKPTKIT_RELIABILITY=full CKPTKIT_RELIABILITY_REPORT=$report \
 	go test -count=1 -timeout 3h -v ./internal/reliability >"$report.log" 2>&1 || status=$?
 grep -E '^(--- |FAIL|ok )' "$report.log" || true

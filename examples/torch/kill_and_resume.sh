@@ -20,7 +20,10 @@ for resume_world in 2 1; do
 	$train --url "$run" --world 2 --kill-at 5 >&2 || echo "(exit $?)" >&2
 	echo "== resumed on $resume_world rank(s)"
 	got=$($train --url "$run" --world "$resume_world" | tee /dev/stderr | digest)
-	if [[ $got == "$ref" ]]; then
+	if [[ -z $ref || -z $got ]]; then
+		echo "2 -> $resume_world: no weights digest in the trainer's output (ref '$ref', got '$got')" >&2
+		exit 1
+	elif [[ $got == "$ref" ]]; then
 		echo "2 -> $resume_world: bit-identical to the uninterrupted run ($got)"
 	else
 		echo "2 -> $resume_world: DIFFERENT: $got vs $ref" >&2

@@ -88,10 +88,7 @@ func SparseTensorCheckpointEndingIn(t testing.TB, dir string, n int64, last byte
 // proxy's rules are cleared before the prefix is cleaned up.
 func ProxiedS3(t testing.TB, policy backend.RetryPolicy) (*backend.Store, *faultproxy.Proxy) {
 	t.Helper()
-	raw := os.Getenv(S3URLEnv)
-	if raw == "" {
-		t.Skipf("%s not set", S3URLEnv)
-	}
+	raw := storetest.TestURL(t, S3URLEnv)
 	u, err := url.Parse(raw)
 	require.NoError(t, err)
 	p, err := faultproxy.New("http://" + u.Query().Get("endpoint"))
@@ -118,10 +115,7 @@ func ProxiedS3(t testing.TB, policy backend.RetryPolicy) (*backend.Store, *fault
 // prefix is cleaned up.
 func ProxiedGCS(t testing.TB, policy backend.RetryPolicy) (*backend.Store, *faultproxy.Proxy) {
 	t.Helper()
-	raw, host := os.Getenv(GCSURLEnv), os.Getenv("STORAGE_EMULATOR_HOST")
-	if raw == "" || host == "" {
-		t.Skipf("%s or STORAGE_EMULATOR_HOST not set", GCSURLEnv)
-	}
+	raw, host := storetest.TestURL(t, GCSURLEnv), storetest.TestURL(t, "STORAGE_EMULATOR_HOST")
 	p, err := faultproxy.New("http://" + strings.TrimPrefix(host, "http://"))
 	require.NoError(t, err)
 	t.Cleanup(p.Close)

@@ -98,7 +98,13 @@ func TestConcurrentWritersOnOneRun(t *testing.T) {
 					cmds = append(cmds, cmd)
 				}
 				for _, c := range cmds {
-					_ = c.Wait() // the loser of a commit stops with exit 6 (conflict)
+					// The loser of a commit stops with exit 6 (conflict);
+					// any other failure means the run tested nothing.
+					if err := c.Wait(); err != nil {
+						var ee *exec.ExitError
+						require.ErrorAs(t, err, &ee)
+						require.Equal(t, 6, ee.ExitCode(), "a writer failed otherwise than by losing a commit: %v", err)
+					}
 				}
 				st, err := backend.Open(ctx, url)
 				require.NoError(t, err)
@@ -127,6 +133,7 @@ func TestConcurrentWritersOnOneRun(t *testing.T) {
 			}
 			record(row{Class: "concurrent writers, " + name, Tried: committed, Survived: committed - bad, Lost: bad,
 				Note: fmt.Sprintf("%d runs x 2 writers x %d saves; committed checkpoints that fail verify --deep are lost", runs, saves)})
+			require.Positive(t, committed, "no checkpoint was committed: nothing was checked")
 			require.Zero(t, bad, firstBad)
 		})
 	}

@@ -81,11 +81,15 @@ func DeleteOrphans(ctx context.Context, run *backend.Store, orphans []Orphan, op
 	var n, size atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
+	// Every key is checked before the first delete starts, so a refusal
+	// never leaves deletes running unwatched.
 	for _, o := range orphans {
 		rel := strings.TrimPrefix(o.Key, o.Checkpoint+"/")
 		if rel == o.Key || rel == metadata.ObjectKey || !catalog.OwnedObject(rel) {
 			return 0, 0, fmt.Errorf("%w: %s is not an orphan data object", ErrPolicy, run.URL(o.Key))
 		}
+	}
+	for _, o := range orphans {
 		g.Go(func() error {
 			if err := run.Delete(gctx, o.Key); err != nil {
 				return fmt.Errorf("gc %s: delete orphan: %w", run, err)
