@@ -101,7 +101,25 @@ class AsyncSave:
         self.url = url
         self.result = None
         self._error = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one wait() at a time
+        # Guards the Go handle: status() may run while wait() blocks, and
+        # must never query a handle wait() or __del__ released.
+        self._hlock = threading.Lock()
+        self._released = False
+
+    def _release(self):
+        with self._hlock:
+            if not self._released:
+                self._released = True
+                _lib.lib().ckpt_save_release(self._h)
+
+    def __del__(self):
+        # A save never waited for still ends (and the next save reports a
+        # failure); only the handle is let go.
+        try:
+            self._release()
+        except Exception:
+            pass
 
     @property
     def status(self):
@@ -110,7 +128,10 @@ class AsyncSave:
             return "committed"
         if self._error is not None:
             return "failed"
-        st = _lib.lib().ckpt_save_state(self._h)
+        with self._hlock:
+            if self._released:  # wait() is just recording the outcome
+                return "committed" if self._error is None else "failed"
+            st = _lib.lib().ckpt_save_state(self._h)
         return STATES[st] if 0 <= st < len(STATES) else "failed"
 
     def done(self):
@@ -136,7 +157,7 @@ class AsyncSave:
                         raise TimeoutError(f"the save to {self.url} has not ended after {timeout} s")
                     self.result = json.loads(_lib.take_string(out))
                 if self.result is not None or self._error is not None:
-                    _lib.lib().ckpt_save_release(self._h)
+                    self._release()
             if self._error is not None:
                 raise self._error
             return self.url

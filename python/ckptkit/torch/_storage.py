@@ -95,11 +95,6 @@ class _StoredItem:
 
 
 class StorageWriter(_TorchStorageWriter):
-    # torch's AsyncStager protocol (torch.distributed.checkpoint.staging),
-    # for dcp.async_save: stage() below. Staging blocks, so async_save need
-    # not synchronize after starting the save.
-    _synchronize_after_execute = False
-
     """A DCP StorageWriter writing to a ckptkit URL.
 
     ``dcp.save(sd, storage_writer=StorageWriter("s3://b/run/step-00000100"))``
@@ -116,6 +111,11 @@ class StorageWriter(_TorchStorageWriter):
     reusable buffers. A tensor stays referenced until its part is uploaded,
     and write_data returns only when every part is.
     """
+
+    # torch's AsyncStager protocol (torch.distributed.checkpoint.staging),
+    # for dcp.async_save: stage() below. Staging blocks, so async_save need
+    # not synchronize after starting the save.
+    _synchronize_after_execute = False
 
     def __init__(self, url, *, part_size=DEFAULT_PART_SIZE, concurrency=DEFAULT_CONCURRENCY, overwrite=False,
                  optimizer=None):
