@@ -383,7 +383,8 @@ func readAllSized(r io.Reader, n int64) ([]byte, error) {
 // published. When r is an io.Seeker, transient failures are retried after
 // rewinding it. When r also knows its length and can write itself
 // (Len and WriteTo: a SlicesReader, a bytes.Reader), a length other than
-// size is refused before anything is sent, and the driver's body has a
+// size is refused before a driver's WriteTo sends anything (a driver that
+// reads the body instead finds it at the end, as with any source), and the driver's body has a
 // WriteTo too, so a driver writing to a file takes the caller's bytes
 // directly.
 func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, opts PutOptions) error {
@@ -396,11 +397,6 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 	}
 	if opts.IfNotExists && !s.drv.Capabilities().CreateIfAbsent {
 		return &Error{Op: "write", URL: s.URL(key), Code: CodeUnsupported, Err: errors.New("create-if-absent not supported")}
-	}
-	if lw, ok := r.(lenWriterTo); ok && int64(lw.Len()) != size {
-		// Refused before anything is sent, whichever way the driver
-		// consumes the body.
-		return &Error{Op: "write", URL: s.URL(key), Code: CodeSizeMismatch, Err: fmt.Errorf("source holds %d bytes, %d declared: %w", lw.Len(), size, ErrSizeMismatch)}
 	}
 	seeker, canRewind := r.(io.ReadSeeker)
 	var start int64
