@@ -2,9 +2,10 @@ package backend
 
 import (
 	"errors"
-	"hash/crc32"
 	"io"
 	"sort"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 )
 
 // SlicesReader reads a sequence of byte slices back to back without copying
@@ -30,8 +31,6 @@ type SlicesReader struct {
 
 // hashPiece is the most Read copies before hashing what it copied.
 const hashPiece = 256 << 10
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // writePiece is the most WriteTo hands to one Write when it does not hash:
 // few system calls per object.
@@ -71,7 +70,7 @@ func (r *SlicesReader) hash(pos int64, b []byte) {
 	for k := sort.Search(len(r.ends), func(k int) bool { return r.ends[k] > pos }); k < len(r.ends); k++ {
 		if h := r.hashed[k]; h >= pos && h < end {
 			to := min(end, r.ends[k])
-			r.crcs[k] = crc32.Update(r.crcs[k], castagnoli, b[h-pos:to-pos])
+			r.crcs[k] = crc32c.Update(r.crcs[k], b[h-pos:to-pos])
 			r.hashed[k] = to
 		}
 		if r.ends[k] >= end {

@@ -24,12 +24,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"runtime"
 	"runtime/cgo"
 	"sync"
 	"unsafe"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/fs"  // file://
@@ -45,8 +46,6 @@ import (
 // abiVersion is bumped on every incompatible change of the exported calls;
 // the Python binding refuses a library of another version.
 const abiVersion = 1
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func main() {}
 
@@ -161,7 +160,7 @@ func ckpt_free(p unsafe.Pointer) { C.free(p) }
 
 //export ckpt_crc32c
 func ckpt_crc32c(crc C.uint32_t, buf unsafe.Pointer, n C.int64_t) C.uint32_t {
-	return C.uint32_t(crc32.Update(uint32(crc), castagnoli, cbytes(buf, n)))
+	return C.uint32_t(crc32c.Update(uint32(crc), cbytes(buf, n)))
 }
 
 //export ckpt_open
@@ -266,8 +265,8 @@ func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t,
 			}
 			bufs[i] = cbytes(ps[i], ls[i])
 			size += int64(ls[i])
-			crc = crc32.Update(crc, castagnoli, bufs[i])
-			total = crc32.Update(total, castagnoli, bufs[i])
+			crc = crc32c.Update(crc, bufs[i])
+			total = crc32c.Update(total, bufs[i])
 		}
 		if crcs != nil {
 			*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
@@ -307,7 +306,7 @@ func ckpt_read(h C.uintptr_t, key *C.char, offset, length C.int64_t, buf unsafe.
 		return fail(fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, length, err), cls, rule, msg)
 	}
 	if crc != nil {
-		*crc = C.uint32_t(crc32.Checksum(dst, castagnoli))
+		*crc = C.uint32_t(crc32c.Checksum(dst))
 	}
 	return 0
 }
@@ -329,7 +328,7 @@ func (t *segmentCRCs) Write(p []byte) (int, error) {
 	if t.seg >= len(t.lens) {
 		return 0, fmt.Errorf("%w: read delivered more bytes than its segments hold", errUsage)
 	}
-	t.crcs[t.seg] = crc32.Update(t.crcs[t.seg], castagnoli, p)
+	t.crcs[t.seg] = crc32c.Update(t.crcs[t.seg], p)
 	t.used += int64(len(p))
 	return len(p), nil
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	mrand "math/rand/v2"
 	"slices"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/stretchr/testify/require"
 
@@ -168,11 +169,9 @@ func multipartBody(st *backend.Store) (size, part int64) {
 	return 2*caps.PartSize + caps.PartSize/2 + 123, caps.PartSize
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // streamCRC is the CRC32C of the first size bytes of seed's stream.
 func streamCRC(seed uint64, size int64) uint32 {
-	h := crc32.New(castagnoli)
+	h := crc32c.New()
 	_, _ = io.Copy(h, detbytes.NewReader(seed, size)) // never fails
 	return h.Sum32()
 }
@@ -281,7 +280,7 @@ func caseRoundTrip(t T, s *storeEnv) {
 	// A body that cannot be rewound (one attempt), with and without a
 	// declared CRC32C; a backend that keeps a CRC32C keeps the right one.
 	body := pattern(97, 70_001)
-	sum := crc32.Checksum(body, castagnoli)
+	sum := crc32c.Checksum(body)
 	for i, opts := range []backend.PutOptions{{}, {CRC32C: &sum}} {
 		key := fmt.Sprintf("rt/one-shot-%d", i)
 		require.NoError(t, st.Put(ctx, key, int64(len(body)), oneShot{bytes.NewReader(body)}, opts), "Put of %q from a one-shot reader", key)
@@ -941,7 +940,7 @@ func caseLargeObject(t T, s *storeEnv) {
 
 	rc, err := st.NewRangeReader(ctx, "large/obj", 0, -1)
 	require.NoError(t, err)
-	back := crc32.New(castagnoli)
+	back := crc32c.New()
 	n, err := io.Copy(back, rc)
 	rc.Close()
 	require.NoError(t, err, "read back")

@@ -3,13 +3,14 @@ package loader
 import (
 	"context"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"golang.org/x/sync/errgroup"
 
@@ -20,8 +21,6 @@ import (
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Options tune a load. The zero value loads everything strictly with the
 // default prefixes and AdamW's slot names.
@@ -358,7 +357,7 @@ func (t *chunkTap) Write(p []byte) (int, error) {
 	for j := t.first; j < len(t.op.Chunks) && t.op.Chunks[j].Start < p1; j++ {
 		cr := &t.op.Chunks[j]
 		if a, b := max(cr.Start, p0), min(cr.Start+cr.Length, p1); a < b {
-			t.crcs[j] = crc32.Update(t.crcs[j], castagnoli, p[a-p0:b-p0])
+			t.crcs[j] = crc32c.Update(t.crcs[j], p[a-p0:b-p0])
 		}
 		if j == t.first && cr.Start+cr.Length <= p1 {
 			t.first++

@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"golang.org/x/sync/errgroup"
 
@@ -527,7 +528,7 @@ func (c *Checkpoint) streamChecked(ctx context.Context, object string, offset, l
 				}
 			}
 		}
-		got = crc32.Update(got, castagnoli, buf[:n])
+		got = crc32c.Update(got, buf[:n])
 		if _, err := w.Write(buf[:n]); err != nil {
 			return err
 		}

@@ -3,8 +3,9 @@ package metadata
 import (
 	"bytes"
 	"fmt"
-	"hash/crc32"
 	"strconv"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 )
 
 // The seal: the metadata object carries the CRC32C (Castagnoli) of its own
@@ -27,8 +28,7 @@ const SealMember = "metadata_crc32c"
 const SealMinorVersion = 1
 
 var (
-	sealSep    = []byte(`,"` + SealMember + `":`)
-	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+	sealSep = []byte(`,"` + SealMember + `":`)
 )
 
 // Seal returns doc, a JSON object, with a fresh seal as its last member: an
@@ -51,7 +51,7 @@ func Seal(doc []byte) ([]byte, error) {
 	out := make([]byte, 0, len(body)+len(sealSep)+12)
 	out = append(out, body...)
 	out = append(out, sealSep...)
-	out = strconv.AppendUint(out, uint64(crc32.Checksum(body, castagnoli)), 10)
+	out = strconv.AppendUint(out, uint64(crc32c.Checksum(body)), 10)
 	return append(out, '}', '\n'), nil
 }
 
@@ -62,7 +62,7 @@ func Seal(doc []byte) ([]byte, error) {
 func sealEncoded(doc []byte) []byte {
 	t := bytes.TrimRight(doc, " \t\r\n")
 	body := bytes.TrimRight(t[:len(t)-1], " \t\r\n") // Encode wrote an object: t ends in '}'
-	crc := crc32.Checksum(body, castagnoli)
+	crc := crc32c.Checksum(body)
 	out := append(body, sealSep...)
 	out = strconv.AppendUint(out, uint64(crc), 10)
 	return append(out, '}', '\n')
@@ -76,7 +76,7 @@ func checkSeal(data []byte) (sealed bool, err error) {
 	if err != nil || !found {
 		return false, err
 	}
-	if got := crc32.Checksum(body, castagnoli); got != stored {
+	if got := crc32c.Checksum(body); got != stored {
 		return true, fmt.Errorf("%w: $.%s: the metadata object is corrupt: stored CRC32C %08x, computed %08x over its first %d bytes", ErrInvalid, SealMember, stored, got, len(body))
 	}
 	return true, nil

@@ -14,12 +14,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -49,8 +50,6 @@ var DefaultOptimizerSlots = statedict.AdamWSlots()
 // ErrCommitted is returned when the target prefix already holds a committed
 // checkpoint and Options.Overwrite is false.
 var ErrCommitted = ckpterr.New(ckpterr.Conflict, "a committed checkpoint already exists at this prefix")
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Options tune a save. The zero value saves everything with the defaults.
 type Options struct {
@@ -543,7 +542,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 				results[i] = itemCRCs(body, w.Items)
 				var obj uint32
 				for _, b := range body {
-					obj = crc32.Update(obj, castagnoli, b)
+					obj = crc32c.Update(obj, b)
 				}
 				po.CRC32C = &obj
 			} else {
@@ -626,7 +625,7 @@ func itemCRCs(body [][]byte, items []planner.WriteItem) []uint32 {
 				cur, body = body[0], body[1:]
 			}
 			c := min(n, int64(len(cur)))
-			crc = crc32.Update(crc, castagnoli, cur[:c])
+			crc = crc32c.Update(crc, cur[:c])
 			cur, n = cur[c:], n-c
 		}
 		crcs[j] = crc
@@ -667,7 +666,7 @@ func commit(ctx context.Context, st *backend.Store, gp *planner.GlobalPlan, vals
 		return commitOutcome{err: fmt.Errorf("save %s: %w", st, err)}
 	}
 	po := backend.PutOptions{ContentType: "application/json"}
-	crc := crc32.Checksum(enc, castagnoli)
+	crc := crc32c.Checksum(enc)
 	po.CRC32C = &crc
 	if st.Capabilities().CreateIfAbsent {
 		po.IfNotExists = true

@@ -14,7 +14,7 @@ import (
 // single running CRC report a false mismatch when reads were split.
 func TestCheckingReaderOverlappingRanges(t *testing.T) {
 	data := []byte("0123456789abcdef")
-	crc := func(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+	crc := func(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
 	ranges := []crcRange{
 		{key: "a", offset: 0, length: 10, crc: crc(data[0:10])},
 		{key: "b", offset: 4, length: 8, crc: crc(data[4:12])},

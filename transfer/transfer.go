@@ -10,12 +10,13 @@ package transfer
 import (
 	"context"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -29,8 +30,6 @@ import (
 // ErrDestinationCommitted is returned when the destination already holds a
 // committed checkpoint and Options.Force is not set.
 var ErrDestinationCommitted = ckpterr.New(ckpterr.Conflict, "destination already holds a committed checkpoint")
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Options tune a copy.
 type Options struct {
@@ -106,7 +105,7 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 			src, dst, len(written), len(md.Objects), removeWritten(ctx, dst, written), err)
 	}
 	raw := c.RawMetadata()
-	crc := crc32.Checksum(raw, castagnoli)
+	crc := crc32c.Checksum(raw)
 	po := backend.PutOptions{CRC32C: &crc, IfNotExists: dst.Capabilities().CreateIfAbsent}
 	if err := dst.PutBytes(ctx, c.MetadataKey(), raw, po); err != nil {
 		return nil, fmt.Errorf("copy %s to %s: commit metadata: %w", src, dst, err)
@@ -230,7 +229,7 @@ func (c *checkingReader) check(b []byte) error {
 		r := &c.ranges[i]
 		lo, hi := max(r.offset, start), min(r.offset+r.length, end)
 		if hi > lo {
-			c.crcs[i] = crc32.Update(c.crcs[i], castagnoli, b[lo-start:hi-start])
+			c.crcs[i] = crc32c.Update(c.crcs[i], b[lo-start:hi-start])
 		}
 		if r.offset+r.length > end {
 			continue // the range goes on in the next read

@@ -36,7 +36,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/http"
 	"net/url"
@@ -45,6 +44,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/internal/bufpool"
@@ -78,8 +79,6 @@ const (
 // abortTimeout bounds the clean-up of a failed multipart upload, which runs
 // on a fresh context because the caller's may already be cancelled.
 const abortTimeout = 30 * time.Second
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func init() {
 	backend.MustRegister(Scheme, open)
@@ -544,7 +543,7 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	parts := make([]minio.CompletePart, nparts)
 	g, gctx := errgroup.WithContext(ctx)
 	pool := bufpool.NewBounded(int(partSize), d.opts.Concurrency+1)
-	full := crc32.New(castagnoli)
+	full := crc32c.New()
 	var readErr error
 	for i := 0; i < nparts; i++ {
 		n := min(partSize, size-int64(i)*partSize)
@@ -560,7 +559,7 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 		full.Write(buf)
 		partNum := i + 1
 		g.Go(func() error {
-			sum := crc32.Checksum(buf, castagnoli)
+			sum := crc32c.Checksum(buf)
 			hdr := http.Header{}
 			hdr.Set("X-Amz-Checksum-Crc32c", encodeCRC32C(sum))
 			p, perr := d.putPart(gctx, key, uploadID, partNum, buf, hdr)

@@ -5,19 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"hash/crc32"
 	"io"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/plugins/internal/shm"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	pb "github.com/ckptkit/ckptkit/plugins/proto"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // driver is the host-side backend.Driver that forwards every call to a
 // plugin process. It holds the URL it was opened with, so that after a
@@ -273,7 +272,7 @@ func (d *driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	if err := stream.Send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}); err != nil {
 		return sendErr(err)
 	}
-	body := bodyCheck{size: size, crc: crc32.New(castagnoli)}
+	body := bodyCheck{size: size, crc: crc32c.New()}
 	buf := make([]byte, min(int64(wire.ChunkSize), max(size, 1)))
 	abort := func(code backend.Code, err error) error {
 		cancel() // ends the stream without a commit frame

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"sync"
 	"time"
+
+	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/plugins/internal/shm"
@@ -199,7 +200,7 @@ func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slo
 	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}, false); err != nil {
 		return sendErr(err)
 	}
-	body := bodyCheck{size: size, crc: crc32.New(castagnoli)}
+	body := bodyCheck{size: size, crc: crc32c.New()}
 	abort := func(code backend.Code, err error) error {
 		// The deferred abandonment ends the stream without a commit frame.
 		if ctx.Err() != nil {

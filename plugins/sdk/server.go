@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net/url"
 	"slices"
@@ -13,14 +12,14 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ckptkit/ckptkit/internal/crc32c"
+
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/plugins/internal/shm"
 	"github.com/ckptkit/ckptkit/plugins/internal/wire"
 	pb "github.com/ckptkit/ckptkit/plugins/proto"
 	hclog "github.com/hashicorp/go-hclog"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // listBatch is how many listing entries travel in one message.
 const listBatch = 256
@@ -343,7 +342,7 @@ func (s *server) put(ctx context.Context, recv func() (*pb.PutFrame, error), ack
 	if hdr.GetSize() < 0 {
 		return wire.Errorf(backend.CodeSizeMismatch, "negative size %d", hdr.GetSize())
 	}
-	body := &putBody{recvFrame: recv, ctx: ctx, size: hdr.GetSize(), want: hdr.Crc32C, crc: crc32.New(castagnoli), held: -1}
+	body := &putBody{recvFrame: recv, ctx: ctx, size: hdr.GetSize(), want: hdr.Crc32C, crc: crc32c.New(), held: -1}
 	if ack != nil {
 		body.seg, body.ack = s.seg, ack
 	}

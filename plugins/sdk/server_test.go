@@ -78,7 +78,7 @@ func TestCommitFrameProtectsNaiveDriver(t *testing.T) {
 		_, err = s.CloseAndRecv()
 		return err
 	}
-	sum := crc32.Checksum(body, castagnoli)
+	sum := crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli))
 
 	assert.Error(t, put("nocommit", false, 0, 0))
 	assert.Error(t, put("badcrc", true, int64(len(body)), sum^1))
