@@ -268,7 +268,8 @@ func benchRemoteURL(ctx context.Context, cfg *config, label, rawURL string) ([]R
 		cSave = append(cSave, d)
 		// The baseline of the load: the SDK reads the data objects ckptkit
 		// just wrote (the same bytes, on the same server, just as recently
-		// written) whole, 4 at once, with its own CRC32C check.
+		// written) whole, 4 at once, with its own CRC32C check; it and the
+		// load take turns going first.
 		objs, err := dataObjects(ctx, ckURL)
 		if err != nil {
 			return nil, err
@@ -283,35 +284,54 @@ func benchRemoteURL(ctx context.Context, cfg *config, label, rawURL string) ([]R
 		if len(objs) != len(checkedDst) {
 			return nil, fmt.Errorf("%s: checkpoint %d has %d data objects, the first had %d", label, i, len(objs), len(checkedDst))
 		}
-		c0 := cpuNow() + srvCPU()
-		start = time.Now()
-		var g errgroup.Group
 		for j, o := range objs {
 			if o.Size > int64(len(checkedDst[j])) {
 				return nil, fmt.Errorf("%s: data object %s of checkpoint %d has %d bytes, the first run's %d", label, o.Key, i, o.Size, len(checkedDst[j]))
 			}
-			key := strings.TrimPrefix(prefix+"/"+ckName+"/"+o.Key, "/")
-			g.Go(func() error { return raw.getChecked(ctx, key, checkedDst[j][:o.Size]) })
 		}
-		if err := g.Wait(); err != nil {
-			return nil, fmt.Errorf("raw checked get: %w", err)
+		checkedGet := func() error {
+			c0 := cpuNow() + srvCPU()
+			start := time.Now()
+			var g errgroup.Group
+			for j, o := range objs {
+				key := strings.TrimPrefix(prefix+"/"+ckName+"/"+o.Key, "/")
+				g.Go(func() error { return raw.getChecked(ctx, key, checkedDst[j][:o.Size]) })
+			}
+			if err := g.Wait(); err != nil {
+				return fmt.Errorf("raw checked get: %w", err)
+			}
+			bChecked = append(bChecked, time.Since(start))
+			bCPU = append(bCPU, cpuNow()+srvCPU()-c0)
+			return nil
 		}
-		bChecked = append(bChecked, time.Since(start))
-		bCPU = append(bCPU, cpuNow()+srvCPU()-c0)
 		var lr loadResult
 		pd := cfg.profDir
 		if i > 0 {
 			pd = ""
 		}
-		c0 = cpuNow() + srvCPU()
-		if err := withCPUProfile(pd, label+"-load.pprof", func() (err error) {
-			lr, err = loadOnce(ctx, ckURL, targets, defaultLoadOpts())
-			return err
-		}); err != nil {
+		ckLoad := func() error {
+			c0 := cpuNow() + srvCPU()
+			if err := withCPUProfile(pd, label+"-load.pprof", func() (err error) {
+				lr, err = loadOnce(ctx, ckURL, targets, defaultLoadOpts())
+				return err
+			}); err != nil {
+				return err
+			}
+			cCPU = append(cCPU, cpuNow()+srvCPU()-c0)
+			cLoad = append(cLoad, lr.d)
+			return nil
+		}
+		// Which of the two reads goes first alternates run by run.
+		first, second := checkedGet, ckLoad
+		if i%2 == 1 {
+			first, second = ckLoad, checkedGet
+		}
+		if err := first(); err != nil {
 			return nil, err
 		}
-		cCPU = append(cCPU, cpuNow()+srvCPU()-c0)
-		cLoad = append(cLoad, lr.d)
+		if err := second(); err != nil {
+			return nil, err
+		}
 		tx := defaultLoadOpts()
 		tx.Transactional = true
 		tr, err := loadOnce(ctx, ckURL, targets, tx)
