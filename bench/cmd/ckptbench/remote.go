@@ -246,6 +246,7 @@ func benchRemoteURL(ctx context.Context, cfg *config, label, rawURL string) ([]R
 	srvCPU := serverCPUFunc(label)
 	var checkedDst [][]byte // the checked SDK reads' buffers, one per data object
 	var bSave, cSave, bLoad, bChecked, cLoad, cTx, bCPU, cCPU []time.Duration
+	var last loadResult // the last default load's report and request counts
 	for i := 0; i < cfg.runs; i++ {
 		start := time.Now()
 		if err := allRanks(func(r int) error { return raw.put(ctx, rawKey(i, r), parts[r]) }); err != nil {
@@ -319,6 +320,7 @@ func benchRemoteURL(ctx context.Context, cfg *config, label, rawURL string) ([]R
 			}
 			cCPU = append(cCPU, cpuNow()+srvCPU()-c0)
 			cLoad = append(cLoad, lr.d)
+			last = lr
 			return nil
 		}
 		// Which of the two reads goes first alternates run by run.
@@ -366,6 +368,13 @@ func benchRemoteURL(ctx context.Context, cfg *config, label, rawURL string) ([]R
 		cpu.Note = "getrusage of the bench process plus the server's CPU (/proc/PID/task/*/schedstat), checked SDK get vs default load, same runs"
 		rows = append(rows, withLoad(cpu))
 	}
+	amp := float64(last.rep.BytesRead) / float64(last.rep.BytesNeeded)
+	rows = append(rows,
+		Row{Figure: "  read amplification " + label + " 4->4 default", Unit: "x", Value: statp(newStat([]float64{amp})),
+			Goal: "<= 1.05", Met: boolp(amp <= 1.05), Note: fmt.Sprintf("mode %s", last.rep.Mode)},
+		Row{Figure: "  metadata reads per load " + label + " 4->4 default", Unit: "count", Value: statp(newStat([]float64{float64(last.metaReads)})),
+			Goal: "exactly 1", Met: boolp(last.metaReads == 1),
+			Note: fmt.Sprintf("instrument.Counter around the driver: %d data read requests for %d data objects, %d other requests (stat/list)", last.dataReads, len(checkedDst), last.otherRequests)})
 	return rows, nil
 }
 
