@@ -260,8 +260,8 @@ type loadSpec struct {
 	// any buffer is written (loader.Options.ParamGroups).
 	ParamGroups [][]string `json:"param_groups"`
 	Frozen      []string   `json:"frozen"`
-	Concurrency     int      `json:"concurrency"`
-	Quiet           bool     `json:"quiet"`
+	Concurrency int        `json:"concurrency"`
+	Quiet       bool       `json:"quiet"`
 	// FallbackRun, when set, is the URL of the run the checkpoint belongs
 	// to: a load that finds the checkpoint's data damaged falls back to
 	// the next older valid checkpoint of the run (catalog.LoadWithFallback,
