@@ -105,3 +105,38 @@ def test_same_groups_in_another_order_within_a_group_resume(file_url, how):
         for k, v in s.items():
             assert torch.equal(v, got[names[id(p)]][k]), (names[id(p)], k)
     assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("how", ["dcp", "async"])
+def test_fallback_to_a_checkpoint_with_other_groups_is_refused_naming_the_damaged_one(file_url, how):
+    # step 3 saved with one group; the run was restarted with two groups and
+    # saved step 6, whose data is then damaged: the one-pass load of step 6
+    # fails (midway, when it had written a target: the message then says
+    # the targets were partly filled), the fallback's step 3 breaks the
+    # param-group rule and is refused before it writes anything.
+    m, opt, sched = _make("one", seed=0)
+    train(m, opt, sched, 3, route=None)
+    _save(file_url, how, m, opt, sched, 3)
+    m, opt, sched = _make("two", seed=1)
+    train(m, opt, sched, 3, route=None)
+    _save(file_url, how, m, opt, sched, 6)
+    path = file_url[len("file://"):] + "/step-00000006"
+    if how == "async":
+        from test_resume import _flip_byte_in_native
+
+        _flip_byte_in_native(path, "model.head.weight")
+    else:
+        from test_dcp import _flip_byte_in_tensor
+
+        _flip_byte_in_tensor(path, "model.head.weight")
+
+    m2, opt2, sched2 = _make("two", seed=5)
+    before = snapshot(m2, opt2)
+    with pytest.raises(ckptkit.LayoutMismatchError) as e:
+        resume(file_url, m2, opt2, scheduler=sched2)
+    msg = str(e.value)
+    assert "step-00000003" in msg and "the checkpoint has 1 optimizer param group" in msg, msg
+    assert "after falling back from a damaged one" in msg and "step-00000006" in msg and "checksum" in msg, msg
+    if "partly filled" not in msg:
+        # The damaged attempt failed before writing: nothing changed at all.
+        assert same_bits(before, snapshot(m2, opt2))
