@@ -8,32 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	_ "github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
-
-// groupsState is a model of parameters a, b, c with AdamW state and the
-// param groups groups.
-func groupsState(groups ...string) *statedict.StateDict {
-	sd := statedict.New()
-	for _, f := range []string{"a", "b", "c"} {
-		for _, k := range []string{"model." + f, statedict.StateKey("optimizer", f, statedict.SlotExpAvg), statedict.StateKey("optimizer", f, statedict.SlotExpAvgSq)} {
-			t := statedict.NewTensor(statedict.Float32, 256)
-			for i := range t.Data {
-				t.Data[i] = byte(i)
-			}
-			sd.Tensors[k] = statedict.Whole(t)
-		}
-		sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotStep)] = statedict.Whole(statedict.NewTensor(statedict.Float32))
-	}
-	for i, g := range groups {
-		sd.Bytes[statedict.ParamGroupKey("optimizer", i, statedict.ParamsField)] = []byte(g)
-	}
-	return sd
-}
 
 // TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled: the
 // newest checkpoint is damaged, so the one-pass load falls back; the older
@@ -44,10 +24,11 @@ func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) 
 	ctx := context.Background()
 	run, err := backend.Open(ctx, "file://"+t.TempDir())
 	require.NoError(t, err)
-	for name, groups := range map[string][]string{"step-00000003": {`["a","b","c"]`}, "step-00000006": {`["a"]`, `["b","c"]`}} {
+	groups := [][]string{{"a"}, {"b", "c"}}
+	for name, saved := range map[string][][]string{"step-00000003": {{"a", "b", "c"}}, "step-00000006": groups} {
 		st, err := run.Sub(name)
 		require.NoError(t, err)
-		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{groupsState(groups...)}, saver.Options{})
+		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
 		require.NoError(t, err)
 	}
 	newest, err := run.Sub("step-00000006")
@@ -57,9 +38,8 @@ func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) 
 	found, _, err := catalog.Latest(ctx, run, false)
 	require.NoError(t, err)
 	require.Equal(t, "step-00000006", found.Name, "the damage is in the data: the metadata verifies")
-	groups := [][]string{{"a"}, {"b", "c"}}
 	_, _, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
-		target := groupsState(`""`, `""`)
+		target := ckpttest.GroupedState(256, groups...)
 		return c.Load(ctx, []*statedict.StateDict{target}, loader.Options{ParamGroups: groups})
 	}, t.Logf)
 	require.ErrorIs(t, err, loader.ErrLayoutMismatch)

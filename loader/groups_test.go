@@ -11,49 +11,38 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// groupedState is a model of three parameters, AdamW state for each and
-// two param groups: {a, b} and {c}.
+// savedGroups are the param groups of the checkpoints saved here.
+var savedGroups = [][]string{{"a", "b"}, {"c"}}
+
+// groupedState is a model of parameters a, b and c with AdamW state, in
+// two param groups, {a, b} and {c}, each with its lr.
 func groupedState() *statedict.StateDict {
-	sd := statedict.New()
-	for _, f := range []string{"a", "b", "c"} {
-		sd.Tensors["model."+f] = tensor(4)
-		sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotStep)] = tensor()
-		sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotExpAvg)] = tensor(4)
-		sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotExpAvgSq)] = tensor(4)
-	}
-	sd.Bytes[statedict.ParamGroupKey("optimizer", 0, statedict.ParamsField)] = []byte(`["a","b"]`)
+	sd := ckpttest.GroupedState(4, savedGroups...)
 	sd.Bytes[statedict.ParamGroupKey("optimizer", 0, "lr")] = []byte(`0.01`)
-	sd.Bytes[statedict.ParamGroupKey("optimizer", 1, statedict.ParamsField)] = []byte(`["c"]`)
 	sd.Bytes[statedict.ParamGroupKey("optimizer", 1, "lr")] = []byte(`0.005`)
 	return sd
 }
 
 // groupedTarget is the load target of an optimizer with groups: every
-// tensor filled with 0xab, every bytes value "untouched".
+// tensor filled with 0xab, every bytes value (each group's params and lr)
+// "untouched".
 func groupedTarget(groups [][]string) *statedict.StateDict {
-	sd := statedict.New()
-	fill := func(shape ...int64) *statedict.Shard {
-		s := zeros(shape...)
-		for i := range s.Data {
-			s.Data[i] = 0xab
+	sd := ckpttest.GroupedState(4, groups...)
+	for _, sh := range sd.Tensors {
+		for i := range sh.Data {
+			sh.Data[i] = 0xab
 		}
-		return s
 	}
-	for i, g := range groups {
+	for i := range groups {
 		sd.Bytes[statedict.ParamGroupKey("optimizer", i, statedict.ParamsField)] = []byte("untouched")
 		sd.Bytes[statedict.ParamGroupKey("optimizer", i, "lr")] = []byte("untouched")
-		for _, f := range g {
-			sd.Tensors["model."+f] = fill(4)
-			sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotStep)] = fill()
-			sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotExpAvg)] = fill(4)
-			sd.Tensors[statedict.StateKey("optimizer", f, statedict.SlotExpAvgSq)] = fill(4)
-		}
 	}
 	return sd
 }
@@ -123,7 +112,7 @@ func TestSameParamGroupsLoad(t *testing.T) {
 
 	for name, groups := range map[string][][]string{"reordered": {{"b", "a"}, {"c"}}, "unchecked": nil} {
 		t.Run(name, func(t *testing.T) {
-			target := groupedTarget([][]string{{"a", "b"}, {"c"}})
+			target := groupedTarget(savedGroups)
 			rep, err := loader.Load(ctx, st, []*statedict.StateDict{target}, loader.Options{ParamGroups: groups})
 			require.NoError(t, err)
 			assert.True(t, rep.OptimizerLoaded)

@@ -293,7 +293,8 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     every byte before anything is modified: lazily absent optimizer state is
     left fresh and reported (``lazy_params``); partial state raises
     PartialStateError, an optimizer whose saved state matches no parameter
-    LayoutMismatchError, chunks that do not tile a tensor CoverageError, a
+    or whose param groups differ from the checkpoint's (another number of
+    groups, a parameter in another group) LayoutMismatchError, chunks that do not tile a tensor CoverageError, a
     bad CRC32C ChecksumError; model keys are strict except the FQNs in
     ``frozen``. load_optimizer=False still restores the step and the
     scheduler (and sets each group's lr from the scheduler). extra_state,
