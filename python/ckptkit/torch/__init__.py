@@ -485,7 +485,7 @@ def _apply_optimizer(model, optimizer, loaded, lazy):
     any buffer."""
     fqns = _group_fqns(model, optimizer)
     state, groups, idx = {}, [], 0
-    for g, names in zip(loaded["param_groups"], fqns, strict=True):
+    for g, names in zip(loaded["param_groups"], fqns):
         g = dict(g)
         if isinstance(g.get("betas"), list):
             g["betas"] = tuple(g["betas"])
