@@ -77,14 +77,9 @@ func openDir(t *testing.T, dir string) *backend.Store {
 func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	ctx := context.Background()
 	dir, md := withIntegrity(t, false, "")
-	st := openDir(t, dir)
-	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
-	require.NoError(t, err)
-	require.True(t, rep.Resumable, "%+v", rep.Problems)
+	st, c := verifiedOpen(t, dir)
 
 	// The opened checkpoint carries the recorded CRCs and lists the object.
-	c, err := loader.Open(ctx, st)
-	require.NoError(t, err)
 	require.Contains(t, c.Metadata().Objects, metadata.ObjectEntry{Key: torchdcp.IntegrityKey, Size: int64(len(mustRead(t, filepath.Join(dir, torchdcp.IntegrityKey))))})
 	for _, te := range c.Metadata().Tensors {
 		for _, ch := range te.Chunks {
@@ -102,7 +97,7 @@ func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	data[at] ^= 0x01
 	require.NoError(t, os.WriteFile(path, data, 0o644))
 
-	rep, err = loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
 	require.NoError(t, err)
 	require.False(t, rep.Resumable)
 	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
@@ -112,6 +107,19 @@ func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	_, err = c.ReadTensor(ctx, te.Key)
 	require.ErrorIs(t, err, loader.ErrChecksum)
 	require.Contains(t, err.Error(), te.Key)
+}
+
+// verifiedOpen opens the checkpoint in dir after a deep verify found it
+// resumable.
+func verifiedOpen(t *testing.T, dir string) (*backend.Store, *loader.Checkpoint) {
+	t.Helper()
+	st := openDir(t, dir)
+	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.True(t, rep.Resumable, "%+v", rep.Problems)
+	c, err := loader.Open(context.Background(), st)
+	require.NoError(t, err)
+	return st, c
 }
 
 func TestIntegrityObjectMissingAnItemIsRefused(t *testing.T) {
@@ -208,12 +216,7 @@ func TestIntegrityObjectOfTheCommittingSaveIsUsed(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, torchdcp.IntegrityKey), other, 0o644))
 
-	st := openDir(t, dir)
-	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
-	require.NoError(t, err)
-	require.True(t, rep.Resumable, "%+v", rep.Problems)
-	c, err := loader.Open(ctx, st)
-	require.NoError(t, err)
+	_, c := verifiedOpen(t, dir)
 	keys := map[string]bool{}
 	for _, o := range c.Metadata().Objects {
 		keys[o.Key] = true
@@ -224,7 +227,7 @@ func TestIntegrityObjectOfTheCommittingSaveIsUsed(t *testing.T) {
 	// Without its own object, the legacy one is the checkpoint's (and here
 	// it does not match: refused, never loaded).
 	require.NoError(t, os.Remove(filepath.Join(dir, own)))
-	rep, err = loader.Verify(ctx, openDir(t, dir), loader.VerifyOptions{Deep: true})
+	rep, err := loader.Verify(ctx, openDir(t, dir), loader.VerifyOptions{Deep: true})
 	require.NoError(t, err)
 	require.False(t, rep.Resumable)
 	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
