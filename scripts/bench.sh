@@ -31,6 +31,13 @@ if [[ ${BENCH_SERVERS:-0} == 1 && -z ${CKPTKIT_TEST_S3_URL:-} ]]; then
 	fi
 fi
 
+# When the URLs under test are the test servers', tell ckptbench their PIDs:
+# the S3/GCS figures then add the servers' CPU time (they share the cores).
+if [[ -n ${CKPTKIT_TEST_S3_URL:-} ]] && bash scripts/test-servers.sh status >/dev/null 2>&1 &&
+	[[ $(bash scripts/test-servers.sh env) == *"CKPTKIT_TEST_S3_URL='$CKPTKIT_TEST_S3_URL'"* ]]; then
+	eval "$(bash scripts/test-servers.sh pids)"
+fi
+
 go build -o "$BIN_DIR/ckptbench" ./bench/cmd/ckptbench
 echo "bench: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 "$BIN_DIR/ckptbench" --json bench/results.json "$@"

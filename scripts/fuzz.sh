@@ -22,7 +22,8 @@ if [[ -n "${FUZZPARALLEL:-}" ]]; then
 fi
 # The targets: metadata decode+validate, the DCP unpickler (.metadata and
 # item pickles), DCP torch.save zip items, the safetensors header convert
-# writes, the plugin status frames and shared-memory frames.
+# writes, the plugin status frames and shared-memory frames, and the
+# CRC-32C folding path against hash/crc32.
 targets=(
 	"./metadata FuzzDecode"
 	"./interop/torchdcp FuzzUnpickle"
@@ -30,6 +31,7 @@ targets=(
 	"./convert/safetensors FuzzHeader"
 	"./plugins/internal/wire FuzzDetail"
 	"./plugins/internal/wire FuzzFrames"
+	"./internal/crc32c FuzzUpdate"
 )
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -11,6 +11,7 @@
 #   scripts/test-servers.sh env       # print the exports of the running servers
 #   scripts/test-servers.sh stop      # stop the servers by PID, remove the run dir
 #   scripts/test-servers.sh status    # exit 0 when both servers (and SeaweedFS, if started) run
+#   scripts/test-servers.sh pids      # print the servers' PIDs as exports (for scripts/bench.sh)
 #
 # Binaries go to ${CKPTKIT_CACHE:-$HOME/.cache/ckptkit}/bin/<name>-<version>,
 # outside the clone, so a second run is instant. The run directory (PIDs, env
@@ -396,6 +397,14 @@ cmd_env() {
 	cat "$ENV_FILE"
 }
 
+# cmd_pids prints the running servers' PIDs as exports (scripts/bench.sh
+# adds the servers' CPU time to the S3/GCS figures with them).
+cmd_pids() {
+	pid_alive "$RUN_DIR/versitygw.pid" && echo "export CKPTBENCH_S3_SERVER_PID=$(cat "$RUN_DIR/versitygw.pid")"
+	pid_alive "$RUN_DIR/fake-gcs-server.pid" && echo "export CKPTBENCH_GCS_SERVER_PID=$(cat "$RUN_DIR/fake-gcs-server.pid")"
+	return 0
+}
+
 # cmd_status also requires SeaweedFS when it was started (or is asked for).
 cmd_status() {
 	pid_alive "$RUN_DIR/versitygw.pid" && pid_alive "$RUN_DIR/fake-gcs-server.pid" || return 1
@@ -410,8 +419,9 @@ start) cmd_start ;;
 stop) cmd_stop ;;
 env) cmd_env ;;
 status) cmd_status ;;
+pids) cmd_pids ;;
 *)
-	echo "usage: $0 install|start|stop|env|status" >&2
+	echo "usage: $0 install|start|stop|env|status|pids" >&2
 	exit 2
 	;;
 esac

@@ -26,6 +26,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -65,6 +66,9 @@ type Driver struct {
 	dir  string
 	mu   sync.Mutex
 	root *os.Root // nil until the directory exists
+	// noCached is set once the file system refuses non-blocking
+	// page-cache reads (see cachedReader); reads then always block.
+	noCached atomic.Bool
 }
 
 var _ backend.Driver = (*Driver)(nil)
@@ -169,19 +173,11 @@ func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length 
 	if length >= 0 && length < n {
 		n = length
 	}
-	return &fileReader{ctx: ctx, r: io.NewSectionReader(f, offset, n), f: f}, nil
+	return newFileReader(ctx, d, f, offset, offset+n), nil
 }
 
 // Remain implements backend.Remainer.
-func (r *fileReader) Remain() int64 {
-	if sr, ok := r.r.(*io.SectionReader); ok {
-		pos, err := sr.Seek(0, io.SeekCurrent)
-		if err == nil {
-			return sr.Size() - pos
-		}
-	}
-	return -1
-}
+func (r *fileReader) Remain() int64 { return r.end - r.off }
 
 // ErrNotRegular is the error for a key that names something other than a
 // regular file (a FIFO, a socket, a device): storage holds a thing that is
@@ -215,17 +211,42 @@ func fileKind(m iofs.FileMode) string {
 	return "non-regular file (" + m.String() + ")"
 }
 
+// fileReader reads the bytes [off, end) of f.
 type fileReader struct {
-	ctx context.Context
-	r   io.Reader
-	f   *os.File
+	ctx      context.Context
+	d        *Driver
+	f        *os.File
+	off, end int64
+	cached   cachedReader // the page-cache fast path, where the platform has one
+}
+
+func newFileReader(ctx context.Context, d *Driver, f *os.File, off, end int64) *fileReader {
+	r := &fileReader{ctx: ctx, d: d, f: f, off: off, end: end}
+	r.cached.init(f)
+	return r
 }
 
 func (r *fileReader) Read(p []byte) (int, error) {
 	if err := r.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return r.r.Read(p)
+	if r.off >= r.end {
+		return 0, io.EOF
+	}
+	p = p[:min(int64(len(p)), r.end-r.off)]
+	// What the page cache holds is copied without blocking; the rest (or
+	// all of it, where there is no such path) is read as usual.
+	n := r.cached.read(&r.d.noCached, p, r.off)
+	if n < len(p) {
+		k, err := r.f.ReadAt(p[n:], r.off+int64(n))
+		n += k
+		if err != nil && !(errors.Is(err, io.EOF) && n > 0) {
+			r.off += int64(n)
+			return n, err
+		}
+	}
+	r.off += int64(n)
+	return n, nil
 }
 
 func (r *fileReader) Close() error { return r.f.Close() }

@@ -20,7 +20,7 @@ const Size = 4
 
 // FoldMin is the shortest input the folding path takes (when the CPU has
 // it); shorter inputs cost more to set up than they save.
-const FoldMin = 2048
+const FoldMin = 512
 
 // Table is the Castagnoli table of hash/crc32, for APIs that take one.
 var Table = crc32.MakeTable(crc32.Castagnoli)
@@ -36,16 +36,8 @@ func Update(crc uint32, p []byte) uint32 {
 		return crc32.Update(crc, Table, p)
 	}
 	n := len(p) &^ (blockSize - 1)
-	// The folded state of p[:n] is a 256-byte message with the same
-	// remainder as p[:n]: it starts as the first block with the incoming
-	// register (crc is stored inverted) added to its first 4 bytes.
-	var acc [blockSize]byte
-	copy(acc[:], p[:blockSize])
-	binary.LittleEndian.PutUint32(acc[:4], binary.LittleEndian.Uint32(acc[:4])^^crc)
-	fold(&acc, p[blockSize:n], &foldKeys)
-	// The register after the state, starting from 0 (^0xffffffff), is the
-	// register after p[:n]; then the tail.
-	return crc32.Update(crc32.Update(0xffffffff, Table, acc[:]), Table, p[n:])
+	// crc is the register inverted; so is the result.
+	return crc32.Update(^foldBlocks(^crc, p[:n], &foldKeys), Table, p[n:])
 }
 
 // Checksum returns the CRC-32C of p.
@@ -81,17 +73,21 @@ func xPow(n int) uint64 {
 	return uint64(v)
 }
 
-// foldKeys are the multipliers that move a 128-bit lane 2048 bits (one
-// block) further along the message, repeated for each of a 512-bit
-// register's four lanes. A lane's low quadword holds the coefficients of
-// x^127..x^64 (relative to the lane's end) and its high quadword those of
-// x^63..x^0; a carry-less product of a quadword and a 32-bit key, read as
-// a lane, is multiplied by x^33. So the low quadword is multiplied by
-// x^(2048+64-33) and the high one by x^(2048-33), both reduced mod P.
-var foldKeys = func() (k [8]uint64) {
-	lo, hi := xPow(blockSize*8+64-33), xPow(blockSize*8-33)
-	for i := 0; i < len(k); i += 2 {
-		k[i], k[i+1] = lo, hi
+// foldKeys are the multipliers that move a 128-bit lane further along the
+// message: the first eight by 2048 bits (one block, for the main loop),
+// the last eight by 512 bits (one 512-bit register, for the final
+// reduction), each pair repeated for a register's four lanes. A lane's
+// low quadword holds the coefficients of x^127..x^64 (relative to the
+// lane's end) and its high quadword those of x^63..x^0; a carry-less
+// product of a quadword and a 32-bit key, read as a lane, is multiplied by
+// x^33. So moving a lane by d bits multiplies the low quadword by
+// x^(d+64-33) and the high one by x^(d-33), both reduced mod P.
+var foldKeys = func() (k [16]uint64) {
+	for i, d := range []int{blockSize * 8, 512} {
+		lo, hi := xPow(d+64-33), xPow(d-33)
+		for j := 0; j < 8; j += 2 {
+			k[8*i+j], k[8*i+j+1] = lo, hi
+		}
 	}
 	return k
 }()

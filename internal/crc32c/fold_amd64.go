@@ -6,8 +6,8 @@ import "golang.org/x/sys/cpu"
 
 var haveFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VPCLMULQDQ
 
-// fold folds p (a whole number of 256-byte blocks, possibly none) into acc,
-// the folded state of the bytes before p.
+// foldBlocks returns the CRC register (not inverted) after p, a whole
+// number of 256-byte blocks (at least one), from the register raw.
 //
 //go:noescape
-func fold(acc *[blockSize]byte, p []byte, keys *[8]uint64)
+func foldBlocks(raw uint32, p []byte, keys *[16]uint64) uint32

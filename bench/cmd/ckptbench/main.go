@@ -6,7 +6,8 @@
 //   - fs load (same world size and resharded; default one-pass and transactional modes)
 //     vs a sequential page-cache read of the same files, with read
 //     amplification and request counts;
-//   - S3 and GCS save/load vs raw SDK transfers, when CKPTKIT_TEST_S3_URL /
+//   - S3 and GCS save/load vs raw SDK transfers (a load against the SDK's
+//     own CRC32C-checked read of the same objects), when CKPTKIT_TEST_S3_URL /
 //     CKPTKIT_TEST_GCS_URL are set;
 //   - metadata scale (planning, encode, decode, load planning, coverage at
 //     10k/100k/1M entries);
