@@ -61,6 +61,11 @@ type Checkpoint struct {
 	Objects []ObjectEntry `json:"objects"`
 	// Training is the training-state record.
 	Training TrainingState `json:"training"`
+	// SaveID identifies the save that wrote a foreign-format checkpoint when
+	// its metadata records one (a DCP .metadata's storage_meta.save_id); the
+	// format's Complete hook finds objects named per save by it. Never part
+	// of the native document (not encoded, not decoded).
+	SaveID string `json:"-"`
 	// MetadataCRC32C is the seal: the CRC32C of the document's bytes before
 	// this member, which is always the last (see Seal). Encode computes it;
 	// Decode checks it before decoding and leaves the stored value here.

@@ -81,6 +81,9 @@ func schemaOf(t reflect.Type, what string) *schema {
 		f := t.Field(i)
 		tag := f.Tag.Get("json")
 		name, opts, _ := strings.Cut(tag, ",")
+		if tag == "-" {
+			continue // in memory only (Checkpoint.SaveID), never in a document
+		}
 		if name == "" || name == "-" {
 			panic(fmt.Sprintf("metadata: field %s.%s has no json name", t.Name(), f.Name))
 		}

@@ -51,8 +51,9 @@ const (
 //
 // Training state is inferred from key names: the optimizer counts as saved
 // when any key starts with "optimizer.state."; Iteration is left 0 because
-// the metadata does not hold values (see FillIteration). Unknown fields of
-// newer versions (storage_meta, version, planner_data) are ignored; items
+// the metadata does not hold values (see FillIteration). SaveID is
+// storage_meta.save_id when there is one; other fields of newer versions
+// (the rest of storage_meta, version, planner_data) are ignored; items
 // written through a storage transform fail with ErrUnsupportedTransform.
 func DecodeMetadata(data []byte) (*metadata.Checkpoint, error) {
 	if len(data) > metadata.MaxSize {
@@ -78,6 +79,7 @@ func DecodeMetadata(data []byte) (*metadata.Checkpoint, error) {
 		Format:  FormatName,
 		Version: md.class.family,
 		Writer:  writerName(md),
+		SaveID:  saveID(md),
 	}
 	// Shared (memoised) chunk lists or sizes could otherwise multiply into
 	// far more entries than the pickle's size; real metadata spends well
@@ -149,6 +151,22 @@ func writerName(md *pyObject) string {
 		}
 	}
 	return w
+}
+
+// saveID returns storage_meta.save_id (torch >= 2.4) when it is a string
+// of sane length, "" otherwise: older metadata has no storage_meta, and a
+// malformed one only means no per-save object names (ApplyIntegrity).
+func saveID(md *pyObject) string {
+	smV, _ := optAttr(md, "storage_meta")
+	sm, ok := smV.(*pyObject)
+	if !ok || sm.class.name != "StorageMeta" {
+		return ""
+	}
+	v, _ := optAttr(sm, "save_id")
+	if s, ok := v.(string); ok && len(s) <= 256 {
+		return s
+	}
+	return ""
 }
 
 // tensorEntry converts a TensorStorageMetadata.

@@ -12,11 +12,47 @@ import (
 	"github.com/ckptkit/ckptkit/metadata"
 )
 
-// IntegrityKey is the key of the integrity object that ckptkit's DCP
-// StorageWriter (python/ckptkit/torch) writes before ".metadata": the
-// CRC32C of every stored item and the training-state record. Checkpoints
-// written by torch itself have none. docs/TORCH_DCP.md specifies it.
+// IntegrityKey is the fixed key of the integrity object that ckptkit's DCP
+// StorageWriter (python/ckptkit/torch) wrote before it named objects per
+// save: readers fall back to it when the per-save object
+// (IntegrityKeyFor) is absent. Checkpoints written by torch itself have
+// neither. docs/TORCH_DCP.md specifies the object.
 const IntegrityKey = ".ckptkit-integrity"
+
+// SaveTagLen is the length of a save tag (SaveTag).
+const SaveTagLen = 16
+
+// SaveTag returns the short form of a DCP save id (storage_meta.save_id)
+// that ckptkit's StorageWriter puts in the name of every object of a save:
+// the first SaveTagLen characters of the id without its dashes, when those
+// are lowercase hexadecimal digits (a uuid4's are), and "" otherwise (no
+// per-save names).
+func SaveTag(saveID string) string {
+	tag := make([]byte, 0, SaveTagLen)
+	for i := 0; i < len(saveID) && len(tag) < SaveTagLen; i++ {
+		switch ch := saveID[i]; {
+		case ch == '-':
+		case ch >= '0' && ch <= '9' || ch >= 'a' && ch <= 'f':
+			tag = append(tag, ch)
+		default:
+			return ""
+		}
+	}
+	if len(tag) < SaveTagLen {
+		return ""
+	}
+	return string(tag)
+}
+
+// IntegrityKeyFor returns the key of the integrity object of the save
+// whose id is saveID: IntegrityKey + "." + SaveTag(saveID), or IntegrityKey
+// when the id has no tag.
+func IntegrityKeyFor(saveID string) string {
+	if tag := SaveTag(saveID); tag != "" {
+		return IntegrityKey + "." + tag
+	}
+	return IntegrityKey
+}
 
 // IntegrityHeaderSize is the length of the integrity object's first line,
 // "ckptkit-dcp-integrity/1 <object size in decimal>" padded with spaces to
@@ -101,33 +137,41 @@ func integritySize(data []byte) (int64, error) {
 // checkpoint has one, and sets the CRC32C of every chunk and bytes entry
 // from it (loaders then check every item's stored bytes against it) and
 // the optimizer part of the training-state record, and lists the object in
-// c.Objects (so copies carry it). A checkpoint without
-// the object (written by torch itself) is left as is and reported false.
-// An object that does not cover every item is malformed.
+// c.Objects (so copies carry it). The object is the one of the save that
+// committed the metadata, IntegrityKeyFor(c.SaveID), or else (checkpoints
+// written before objects were named per save) IntegrityKey. A checkpoint
+// without either (written by torch itself) is left as is and reported
+// false. An object that does not cover every item is malformed.
 func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
-	head, err := read(IntegrityKey, 0, IntegrityHeaderSize)
+	key := IntegrityKeyFor(c.SaveID)
+	head, err := read(key, 0, IntegrityHeaderSize)
+	if errors.Is(err, backend.ErrNotFound) && key != IntegrityKey {
+		key = IntegrityKey
+		head, err = read(key, 0, IntegrityHeaderSize)
+	}
 	if errors.Is(err, backend.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", IntegrityKey, err)
+		return false, fmt.Errorf("read %s: %w", key, err)
 	}
 	size, err := integritySize(head)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%s: %w", key, err)
 	}
-	whole, err := read(IntegrityKey, 0, size)
+	whole, err := read(key, 0, size)
 	if err != nil {
-		return false, fmt.Errorf("read %s: %w", IntegrityKey, err)
+		return false, fmt.Errorf("read %s: %w", key, err)
 	}
 	in, err := DecodeIntegrity(whole)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%s: %w", key, err)
 	}
 	type rng struct {
 		object         string
 		offset, length int64
 	}
+	ikey := key
 	crcs := make(map[rng]uint32, len(in.Items))
 	for _, it := range in.Items {
 		crcs[rng{it.Object, it.Offset, it.Length}] = it.CRC32C
@@ -135,7 +179,7 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	lookup := func(key, object string, offset, length int64) (uint32, error) {
 		crc, ok := crcs[rng{object, offset, length}]
 		if !ok {
-			return 0, malformed("integrity object has no CRC32C for %q (%s at offset %d, %d bytes)", key, object, offset, length)
+			return 0, malformed("integrity object %s has no CRC32C for %q (%s at offset %d, %d bytes)", ikey, key, object, offset, length)
 		}
 		return crc, nil
 	}
@@ -156,7 +200,7 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	}
 	// The integrity object is part of the checkpoint: copies carry it and
 	// verify checks that it is there, whole.
-	c.Objects = append(c.Objects, metadata.ObjectEntry{Key: IntegrityKey, Size: size})
+	c.Objects = append(c.Objects, metadata.ObjectEntry{Key: key, Size: size})
 	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
 	if in.Optimizer == metadata.OptimizerOmitted && c.Training.Optimizer == metadata.OptimizerNone {
 		c.Training.Optimizer = metadata.OptimizerOmitted

@@ -77,14 +77,9 @@ func openDir(t *testing.T, dir string) *backend.Store {
 func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	ctx := context.Background()
 	dir, md := withIntegrity(t, false, "")
-	st := openDir(t, dir)
-	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
-	require.NoError(t, err)
-	require.True(t, rep.Resumable, "%+v", rep.Problems)
+	st, c := verifiedOpen(t, dir)
 
 	// The opened checkpoint carries the recorded CRCs and lists the object.
-	c, err := loader.Open(ctx, st)
-	require.NoError(t, err)
 	require.Contains(t, c.Metadata().Objects, metadata.ObjectEntry{Key: torchdcp.IntegrityKey, Size: int64(len(mustRead(t, filepath.Join(dir, torchdcp.IntegrityKey))))})
 	for _, te := range c.Metadata().Tensors {
 		for _, ch := range te.Chunks {
@@ -102,7 +97,7 @@ func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	data[at] ^= 0x01
 	require.NoError(t, os.WriteFile(path, data, 0o644))
 
-	rep, err = loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	rep, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
 	require.NoError(t, err)
 	require.False(t, rep.Resumable)
 	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
@@ -112,6 +107,19 @@ func TestIntegrityObjectChecksEveryItem(t *testing.T) {
 	_, err = c.ReadTensor(ctx, te.Key)
 	require.ErrorIs(t, err, loader.ErrChecksum)
 	require.Contains(t, err.Error(), te.Key)
+}
+
+// verifiedOpen opens the checkpoint in dir after a deep verify found it
+// resumable.
+func verifiedOpen(t *testing.T, dir string) (*backend.Store, *loader.Checkpoint) {
+	t.Helper()
+	st := openDir(t, dir)
+	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.True(t, rep.Resumable, "%+v", rep.Problems)
+	c, err := loader.Open(context.Background(), st)
+	require.NoError(t, err)
+	return st, c
 }
 
 func TestIntegrityObjectMissingAnItemIsRefused(t *testing.T) {
@@ -168,4 +176,59 @@ func TestIntegrityHeaderDeclaringMoreThanTheObjectIsRefusedUnallocated(t *testin
 	require.ErrorIs(t, err, loader.ErrMissingObject)
 	require.Contains(t, err.Error(), torchdcp.IntegrityKey)
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "the declared 1 GiB must not be allocated")
+}
+
+func TestSaveTag(t *testing.T) {
+	for id, want := range map[string]string{
+		"6f1c2a9e-4b7d-4e21-9a3f-0c5d8e7b1a24": "6f1c2a9e4b7d4e21",
+		"6f1c2a9e4b7d4e219a3f0c5d8e7b1a24":     "6f1c2a9e4b7d4e21",
+		"6f1c2a9e-4b7d-4e2":                    "", // too short
+		"6F1C2A9E-4B7D-4E21-9A3F-0C5D8E7B1A24": "", // not the lowercase form uuid4 writes
+		"../../x-4b7d-4e21-9a3f-0c5d8e7b1a24":  "",
+		"abc":                                  "",
+		"":                                     "",
+	} {
+		require.Equal(t, want, torchdcp.SaveTag(id), id)
+	}
+	require.Equal(t, torchdcp.IntegrityKey+".6f1c2a9e4b7d4e21", torchdcp.IntegrityKeyFor("6f1c2a9e-4b7d-4e21-9a3f-0c5d8e7b1a24"))
+	require.Equal(t, torchdcp.IntegrityKey, torchdcp.IntegrityKeyFor("abc"))
+}
+
+// Regression (review of the DCP StorageWriter): two saves to one prefix
+// wrote one fixed integrity object, so the one that lost the commit could
+// leave its CRCs next to the winner's metadata. The reader now takes the
+// integrity object of the save that committed .metadata (named by its
+// storage_meta.save_id) and ignores another save's object, here a legacy
+// one that does not match the data.
+func TestIntegrityObjectOfTheCommittingSaveIsUsed(t *testing.T) {
+	ctx := context.Background()
+	dir, md := withIntegrity(t, false, "")
+	require.NotEmpty(t, torchdcp.SaveTag(md.SaveID), "the torch 2.6 fixture records a uuid4 save_id (%q)", md.SaveID)
+	own := torchdcp.IntegrityKeyFor(md.SaveID)
+	require.NoError(t, os.Rename(filepath.Join(dir, torchdcp.IntegrityKey), filepath.Join(dir, own)))
+	// Another save's object under the legacy name: every CRC off by one.
+	in, err := torchdcp.DecodeIntegrity(mustRead(t, filepath.Join(dir, own)))
+	require.NoError(t, err)
+	for i := range in.Items {
+		in.Items[i].CRC32C++
+	}
+	other, err := torchdcp.EncodeIntegrity(in)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, torchdcp.IntegrityKey), other, 0o644))
+
+	_, c := verifiedOpen(t, dir)
+	keys := map[string]bool{}
+	for _, o := range c.Metadata().Objects {
+		keys[o.Key] = true
+	}
+	require.True(t, keys[own], "%v", c.Metadata().Objects)
+	require.False(t, keys[torchdcp.IntegrityKey], "%v", c.Metadata().Objects)
+
+	// Without its own object, the legacy one is the checkpoint's (and here
+	// it does not match: refused, never loaded).
+	require.NoError(t, os.Remove(filepath.Join(dir, own)))
+	rep, err := loader.Verify(ctx, openDir(t, dir), loader.VerifyOptions{Deep: true})
+	require.NoError(t, err)
+	require.False(t, rep.Resumable)
+	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
 }

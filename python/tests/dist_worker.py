@@ -116,11 +116,48 @@ def run(rank, world, scenario, url, out):
         rep = ct.resume(url, dm, opt, scheduler=sched)
         result = full_state(m, opt)
         result.update(step=rep.step, lazy=sorted(rep.lazy_params))
+    elif scenario in ("dcp-overwrite-killed", "dcp-overwrite"):
+        result = dcp_overwrite(rank, url, kill=scenario == "dcp-overwrite-killed")
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     dist.barrier()
     if rank == 0:
         torch.save(result, os.path.join(out, "result.pt"))
+
+
+def dcp_overwrite(rank, url, kill):
+    """ckptkit.torch.StorageWriter on every rank. kill: a checkpoint of
+    sharded state, then an overwrite during which rank 1 is SIGKILLed once
+    a data object of it has landed (the job dies). Otherwise: the same
+    overwrite, committing; rank 0 reports the objects left and whether a
+    load is bit-identical."""
+    import torch.distributed.checkpoint as dcp
+
+    from ckptkit.torch import StorageReader, StorageWriter
+    from test_dcp_writer import _FailAfterFirstObject, _committed_keys, _keys
+
+    def load():
+        m2, _, _, _ = sharded_moe(99)
+        sd = {"model": m2.state_dict()}
+        dcp.load(sd, storage_reader=StorageReader(url))
+        return {k: v.full_tensor() for k, v in sd["model"].items()}
+
+    m, opt, sched, mesh = sharded_moe(0)
+    if kill:
+        dcp.save({"model": m.state_dict()}, storage_writer=StorageWriter(url, part_size=1))
+        dist.barrier()
+        step_sharded(m, opt, sched, mesh, 2)
+        planner = _FailAfterFirstObject(url, kill=True, prefix="__1_") if rank == 1 else None
+        dcp.save({"model": m.state_dict()}, planner=planner, storage_writer=StorageWriter(url, part_size=1, overwrite=True))
+        return {}
+    step_sharded(m, opt, sched, mesh, 2)
+    dcp.save({"model": m.state_dict()}, storage_writer=StorageWriter(url, part_size=1, overwrite=True))
+    dist.barrier()
+    out = {"keys": sorted(_keys(url)), "committed": sorted(_committed_keys(url))}
+    want = {k: v.full_tensor() for k, v in m.state_dict().items()}
+    got = load()
+    out["equal"] = want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    return out
 
 
 def main():

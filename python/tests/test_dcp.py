@@ -13,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 import ckptkit
 from ckptkit.torch import StorageReader, StorageWriter, decode_integrity
+from ckptkit.torch._storage import integrity_key, save_tag
 
 from conftest import sub_url
 
@@ -82,7 +83,7 @@ def test_round_trip_on_every_backend(base_url):
     dcp.save(sd, storage_writer=StorageWriter(url, part_size=4096))
     st = ckptkit.Store(url)
     keys = [o.key for o in st.list()]
-    assert ".metadata" in keys and ".ckptkit-integrity" in keys
+    assert ".metadata" in keys and any(k.startswith(".ckptkit-integrity.") for k in keys)
     assert len([k for k in keys if k.endswith(".distcp")]) > 1  # parts of at most part_size
     out = _zeros_like(sd)
     dcp.load(out, storage_reader=StorageReader(url))
@@ -98,9 +99,14 @@ def test_torch_filesystem_reader_loads_what_storage_writer_wrote(file_url):
     out = _zeros_like(sd)
     dcp.load(out, storage_reader=dcp.FileSystemReader(file_url[len("file://"):] + "/ck"))
     _assert_equal(out, sd)
-    # Standard layout: __<rank>_<n>.distcp plus .metadata.
+    # DCP's layout, every object named for the save (docs/TORCH.md):
+    # __<rank>_<n>.<tag>.distcp, .ckptkit-integrity.<tag>, and .metadata,
+    # whose storage_meta.save_id gives the tag.
+    md = dcp.FileSystemReader(file_url[len("file://"):] + "/ck").read_metadata()
+    tag = save_tag(md.storage_meta.save_id)
+    assert len(tag) == 16
     names = sorted(os.listdir(file_url[len("file://"):] + "/ck"))
-    assert names == [".ckptkit-integrity", ".metadata", "__0_0.distcp"]
+    assert names == [f".ckptkit-integrity.{tag}", ".metadata", f"__0_0.{tag}.distcp"]
 
 
 def test_storage_reader_loads_what_torch_wrote(file_url):
@@ -146,8 +152,8 @@ def test_integrity_object_lists_every_item(file_url):
     sd = _state(4)
     dcp.save(sd, storage_writer=StorageWriter(file_url + "/ck"))
     st = ckptkit.Store(file_url + "/ck")
-    crcs, body = decode_integrity(st.read(".ckptkit-integrity"))
     md = dcp.FileSystemReader(file_url[len("file://"):] + "/ck").read_metadata()
+    crcs, body = decode_integrity(st.read(integrity_key(md.storage_meta.save_id)))
     assert len(crcs) == len(md.storage_data)
     for info in md.storage_data.values():
         item = st.read(info.relative_path, info.offset, info.length)
@@ -205,7 +211,7 @@ def test_ckpt_copy_and_diff_carry_the_integrity_object(base_url, file_url):
     dst = sub_url(base_url, "copy")
     r = ckpt_cli("copy", src, dst)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert ckptkit.Store(dst).exists(".ckptkit-integrity")
+    assert ckptkit.Store(dst).exists(integrity_key(dcp.FileSystemReader(src[len("file://"):]).read_metadata().storage_meta.save_id))
     out = _zeros_like(sd)
     dcp.load(out, storage_reader=StorageReader(dst))
     _assert_equal(out, sd)

@@ -1,15 +1,22 @@
 """DCP StorageWriter and StorageReader on every ckptkit URL.
 
-They write and read the standard DCP layout (``__<rank>_<n>.distcp`` files of
-concatenated ``torch.save`` items plus a pickled ``.metadata``), so torch's
-own FileSystemReader loads a ``file://`` checkpoint they wrote, and every
+They write and read the standard DCP layout (data files of concatenated
+``torch.save`` items plus a pickled ``.metadata``), so torch's own
+FileSystemReader loads a ``file://`` checkpoint they wrote, and every
 ``ckpt`` command works on it. On top of the layout:
 
-* every item gets a CRC32C, recorded in the integrity object
-  ``.ckptkit-integrity`` written before ``.metadata`` (docs/TORCH_DCP.md);
-  StorageReader checks every byte it reads against it;
+* every object a save writes is named for that save: data files
+  ``__<rank>_<n>.<tag>.distcp`` and the integrity object
+  ``.ckptkit-integrity.<tag>``, where tag is the short form of the save id
+  recorded in ``.metadata`` (``storage_meta.save_id``, see save_tag), so
+  two saves to one URL never write the same object;
+* every item gets a CRC32C, recorded in the integrity object written before
+  ``.metadata`` (docs/TORCH_DCP.md); StorageReader checks every byte it
+  reads against it;
 * ``.metadata`` is written last and create-if-absent where the backend has
-  it: it is the only commit point;
+  it: it is the only commit point. An overwrite removes the old
+  ``.metadata`` before any data of the new save is written, and the old
+  checkpoint's objects once the new one is committed;
 * StorageReader reads ``.metadata`` exactly once per load (through the Go
   core, which also checks it with its restricted unpickler before Python
   unpickles it) and serves every data read itself: coalesced ranged reads,
@@ -21,6 +28,7 @@ import ctypes
 import dataclasses
 import io
 import json
+import logging
 import os
 import pickle
 import queue
@@ -44,11 +52,16 @@ from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
 from ._torchsave import view_tensor
 
 METADATA_KEY = ".metadata"
+# The integrity object's fixed name before objects were named per save;
+# readers fall back to it (integrity_key).
 INTEGRITY_KEY = ".ckptkit-integrity"
+SAVE_TAG_LEN = 16
 INTEGRITY_HEADER_SIZE = 64
 DEFAULT_PART_SIZE = 64 << 20
 DEFAULT_CONCURRENCY = 4
 DEFAULT_MAX_READ = 32 << 20
+
+log = logging.getLogger("ckptkit")
 
 
 def _url_of(checkpoint_id):
@@ -56,6 +69,38 @@ def _url_of(checkpoint_id):
     if "://" not in s:
         s = "file://" + os.path.abspath(s)
     return s
+
+
+def save_tag(save_id):
+    """The short form of a save id that names a save's objects: its first
+    SAVE_TAG_LEN characters without dashes when they are lowercase hex
+    digits (a uuid4's are), else "" (no per-save names). The Go reader
+    (interop/torchdcp SaveTag) applies the same rule."""
+    if not isinstance(save_id, str):
+        return ""
+    tag = []
+    for ch in save_id:
+        if len(tag) == SAVE_TAG_LEN:
+            break
+        if ch == "-":
+            continue
+        if ch not in "0123456789abcdef":
+            return ""
+        tag.append(ch)
+    return "".join(tag) if len(tag) == SAVE_TAG_LEN else ""
+
+
+def integrity_key(save_id):
+    """The integrity object's key for the save save_id:
+    ``.ckptkit-integrity.<tag>``, or the legacy ``.ckptkit-integrity``
+    when the id has no tag."""
+    tag = save_tag(save_id)
+    return f"{INTEGRITY_KEY}.{tag}" if tag else INTEGRITY_KEY
+
+
+def _save_id_of(md):
+    """storage_meta.save_id of a DCP Metadata, or None."""
+    return getattr(getattr(md, "storage_meta", None), "save_id", None)
 
 
 def encode_integrity(items, optimizer=None):
@@ -92,6 +137,16 @@ class _StoredItem:
     offset: int
     length: int
     crc32c: int
+    save_id: str = None
+
+
+@dataclasses.dataclass
+class _SavePrefix:
+    """A rank's plan storage_data: its data file prefix and the save id the
+    coordinator chose for this save (the objects' tag comes from it)."""
+
+    prefix: str
+    save_id: str
 
 
 class StorageWriter(_TorchStorageWriter):
@@ -101,10 +156,16 @@ class StorageWriter(_TorchStorageWriter):
 
     Options: ``part_size`` (bytes of items per data object, default 64 MiB;
     an item larger than that gets an object of its own), ``concurrency``
-    (uploads in flight per rank, default 4), ``overwrite`` (replace a
-    committed checkpoint; default False fails with ConflictError),
+    (uploads or deletes in flight per rank, default 4), ``overwrite`` (replace a
+    committed checkpoint: its ``.metadata`` is deleted before any data of
+    this save is written, so an interrupted overwrite leaves no committed
+    checkpoint, and the objects only it referenced are deleted once this
+    save is committed; default False fails with ConflictError),
     ``optimizer`` (the training-state record's optimizer part written to the
-    integrity object: "saved", "omitted" or None). Memory beyond torch's own
+    integrity object: "saved", "omitted" or None). Every object of a save is
+    named for it (``__<rank>_<n>.<tag>.distcp``, ``.ckptkit-integrity.<tag>``):
+    of two saves racing to one URL, one commits and the other fails with
+    ConflictError and deletes what it wrote. Memory beyond torch's own
     tensors: tensor bytes are uploaded straight from the tensors (a view of a
     larger storage is cloned first, as FileSystemWriter does); only the
     torch.save headers and bytes items are copied, into (concurrency + 1)
@@ -129,6 +190,7 @@ class StorageWriter(_TorchStorageWriter):
         self._store = None
         self._staged = None  # the copy stage() made, reused by the next stage()
         self._busy = threading.Lock()  # held from stage() to the end of finish()
+        self._previous = {}  # save id -> keys of the checkpoint an overwrite replaces
 
     # -- torch.distributed.checkpoint.staging.AsyncStager --------------------
 
@@ -196,11 +258,26 @@ class StorageWriter(_TorchStorageWriter):
         return plan
 
     def prepare_global_plan(self, plans):
-        return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
+        # The coordinator, once per save, after every rank's local plan and
+        # before any rank writes: a fresh save id names every object of
+        # this save, on every rank.
+        save_id = str(uuid.uuid4())
+        self.save_id = save_id
+        if self.overwrite:
+            st = self._open()
+            # What the old checkpoint references (removed once this save is
+            # committed), then the old checkpoint stops being committed:
+            # before the first byte of this save lands, so an interrupted
+            # overwrite leaves no committed checkpoint, never a mixed one.
+            self._previous[save_id] = self._committed_objects(st)
+            st.delete(METADATA_KEY)
+        return [dataclasses.replace(p, storage_data=_SavePrefix(f"__{i}_", save_id)) for i, p in enumerate(plans)]
 
     def write_data(self, plan, planner):
         st = self._open()
-        prefix = plan.storage_data
+        sp = plan.storage_data
+        tag = save_tag(sp.save_id)
+        suffix = f".{tag}.distcp" if tag else ".distcp"
         # Bytes items first (small), then tensors, like FileSystemWriter.
         items = [wi for wi in plan.items if wi.type == WriteItemType.BYTE_IO]
         items += [wi for wi in plan.items if wi.type != WriteItemType.BYTE_IO]
@@ -219,7 +296,7 @@ class StorageWriter(_TorchStorageWriter):
             try:
                 bufs, groups = part.body()
                 _, crcs = st.put(name, bufs, groups=groups)
-                out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc))
+                out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc, sp.save_id))
                        for (wi, off, n), crc in zip(part.items, crcs)]
                 del bufs
                 with lock:
@@ -235,12 +312,12 @@ class StorageWriter(_TorchStorageWriter):
                 if part is None:
                     part = free.get()
                 if part.size and part.size + _estimate(wi) > self.part_size:
-                    futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
+                    futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
                     count += 1
                     part = free.get()
                 _serialize_into(planner, wi, part)
             if part is not None and part.items:
-                futures.append(pool.submit(upload, f"{prefix}{count}.distcp", part))
+                futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
             for f in futures:
                 f.result()
         finally:
@@ -254,25 +331,71 @@ class StorageWriter(_TorchStorageWriter):
         st = self._open()
         storage_md = {}
         items = []
+        save_id = self.save_id
         for wr_list in results:
             for wr in wr_list:
                 s = wr.storage_data
+                save_id = s.save_id or save_id
                 storage_md[wr.index] = _StorageInfo(s.relative_path, s.offset, s.length)
                 items.append({"object": s.relative_path, "offset": s.offset, "length": s.length, "crc32c": s.crc32c})
         items.sort(key=lambda i: (i["object"], i["offset"]))
         metadata.storage_data = storage_md
-        metadata.storage_meta = self.storage_meta()
+        metadata.storage_meta = StorageMeta(checkpoint_id=self.url, save_id=save_id)
+        previous = self._previous.pop(save_id, set())
+        ikey = integrity_key(save_id)
+        own = {i["object"] for i in items} | {ikey}
         # The integrity object first; the metadata last: the commit point.
-        st.put(INTEGRITY_KEY, encode_integrity(items, self.optimizer))
+        st.put(ikey, encode_integrity(items, self.optimizer))
         data = pickle.dumps(metadata)
-        if self.overwrite:
-            st.delete(METADATA_KEY)
         try:
-            st.put(METADATA_KEY, data, if_absent=True)
-        except UnsupportedError:
-            # No atomic create-if-absent on this backend: checked in
-            # prepare_local_plan, written plainly.
-            st.put(METADATA_KEY, data)
+            try:
+                st.put(METADATA_KEY, data, if_absent=True)
+            except UnsupportedError:
+                # No atomic create-if-absent on this backend: checked in
+                # prepare_local_plan, written plainly.
+                st.put(METADATA_KEY, data)
+        except ConflictError:
+            # Another save committed first (Store.put tells a retried write
+            # of our own bytes apart): what this save wrote is nobody's.
+            self._remove(st, own, "of a save that lost the commit to another")
+            raise
+        # Committed: the objects only the replaced checkpoint referenced go.
+        self._remove(st, previous - own, "of the checkpoint this save replaced")
+
+    def _committed_objects(self, st):
+        """The keys the checkpoint committed at this URL references (data
+        files and integrity object), read through the Go core's restricted
+        unpickler; an empty set when there is none or it cannot be read
+        (logged: its objects then stay)."""
+        if not st.exists(METADATA_KEY):
+            return set()
+        try:
+            ck = Checkpoint(self.url)
+        except ckptkit.CheckpointError as e:
+            log.warning("overwrite %s: the replaced checkpoint cannot be read (%s); its objects are left in place", self.url, e)
+            return set()
+        try:
+            if ck.none or ck.info.get("name") or ck.info.get("format") != "torch-dcp":
+                return set()  # not a DCP checkpoint at this very prefix
+            md = ck.torch_metadata()
+            keys = {info.relative_path for info in md.storage_data.values()}
+            return keys | {integrity_key(_save_id_of(md)), INTEGRITY_KEY}
+        finally:
+            ck.close()
+
+    def _remove(self, st, keys, what):
+        """Delete keys, concurrently, best effort: a failure is logged."""
+        if not keys:
+            return
+
+        def rm(key):
+            try:
+                st.delete(key)
+            except ckptkit.CheckpointError as e:
+                log.warning("could not delete %s, an object %s: %s", st.object_url(key), what, e)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-delete") as ex:
+            list(ex.map(rm, sorted(keys)))
 
     def storage_meta(self):
         return StorageMeta(checkpoint_id=self.url, save_id=self.save_id)
@@ -640,15 +763,20 @@ class Checkpoint(_lib.Closing):
         return {e["key"] for e in (md.get("tensors") or []) + (md.get("bytes") or [])}
 
     def crcs(self):
-        """{(object, offset, length): crc32c} from the integrity object, or
-        None when the checkpoint has none (written by torch itself)."""
+        """{(object, offset, length): crc32c} from the integrity object of the
+        save that committed the metadata (integrity_key of its
+        storage_meta.save_id, else the legacy fixed name, as the Go reader
+        finds it), or None when the checkpoint has none (written by torch
+        itself)."""
         if self._crcs is False:
-            try:
-                data = self._store.read(INTEGRITY_KEY)
-            except ckptkit.NotFoundError:
-                self._crcs = None
-            else:
-                self._crcs = decode_integrity(data, self.object_url(INTEGRITY_KEY))[0]
+            self._crcs = None
+            for key in dict.fromkeys([integrity_key(_save_id_of(self.torch_metadata())), INTEGRITY_KEY]):
+                try:
+                    data = self._store.read(key)
+                except ckptkit.NotFoundError:
+                    continue
+                self._crcs = decode_integrity(data, self.object_url(key))[0]
+                break
         return self._crcs
 
     def read_into(self, key, offset, buf):
