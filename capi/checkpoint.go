@@ -255,9 +255,13 @@ type loadSpec struct {
 	ModelPrefix     string   `json:"model_prefix"`
 	OptimizerPrefix string   `json:"optimizer_prefix"`
 	OptimizerSlots  []string `json:"optimizer_slots"`
-	Frozen          []string `json:"frozen"`
-	Concurrency     int      `json:"concurrency"`
-	Quiet           bool     `json:"quiet"`
+	// ParamGroups are the optimizer's param groups (each the fqns of its
+	// parameters, in group order), checked against the checkpoint's before
+	// any buffer is written (loader.Options.ParamGroups).
+	ParamGroups [][]string `json:"param_groups"`
+	Frozen      []string   `json:"frozen"`
+	Concurrency int        `json:"concurrency"`
+	Quiet       bool       `json:"quiet"`
 	// FallbackRun, when set, is the URL of the run the checkpoint belongs
 	// to: a load that finds the checkpoint's data damaged falls back to
 	// the next older valid checkpoint of the run (catalog.LoadWithFallback,
@@ -310,7 +314,7 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 		return fail(err, cls, rule, msg)
 	}
 	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
-		OptimizerSlots: ls.OptimizerSlots, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
+		OptimizerSlots: ls.OptimizerSlots, ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
 		// Without a fallback the Python resume promises that a failed load
 		// leaves the caller's tensors as they were; with one, every
 		// attempt overwrites every target, so one pass is enough.

@@ -25,8 +25,16 @@ func DataDamaged(err error) bool {
 // returned as it is. It returns the checkpoint loaded and its report. This
 // is the one fallback rule of a resume: `ckpt train --resume` and the C
 // ABI's resume both use it.
+//
+// Every rule that can be checked before a byte is written is checked on
+// each candidate, so an older checkpoint that breaks one (other optimizer
+// param groups, say) is refused; the targets are then as the damaged
+// attempt left them, and the error says so: it wraps the refusal and the
+// damage (with loader.ErrTargetsPartlyFilled when that attempt had written
+// into the targets).
 func LoadWithFallback(ctx context.Context, run *backend.Store, found *Found, load func(*loader.Checkpoint) (*loader.Report, error), logf func(string, ...any)) (*loader.Checkpoint, *loader.Report, error) {
 	var entries []Entry
+	var damaged error // the last damaged attempt's error
 	for {
 		c := found.Checkpoint
 		rep, err := load(c)
@@ -34,8 +42,12 @@ func LoadWithFallback(ctx context.Context, run *backend.Store, found *Found, loa
 			return c, rep, nil
 		}
 		if !DataDamaged(err) {
+			if damaged != nil {
+				return nil, nil, fmt.Errorf("%w (the next older checkpoint, after falling back from a damaged one: %w)", err, damaged)
+			}
 			return nil, nil, err
 		}
+		damaged = err
 		if entries == nil {
 			var lerr error
 			if entries, lerr = List(ctx, run); lerr != nil {

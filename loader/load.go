@@ -35,6 +35,16 @@ type Options struct {
 	// OptimizerSlots are the per-parameter slot names (default AdamW's
 	// "step", "exp_avg", "exp_avg_sq").
 	OptimizerSlots []string
+	// ParamGroups, when not nil, are the param groups of the target's
+	// optimizer, in order: the fqns of each group's parameters. A load
+	// that loads the optimizer then checks them against the checkpoint's
+	// "<OptimizerPrefix>.param_groups.<i>.params" values before any target
+	// byte is written: another number of groups, or a group holding other
+	// parameters (their order within a group does not matter), fails with
+	// ErrLayoutMismatch naming the group and a few of the fqns that differ.
+	// Those values (small bytes values) are then read twice, once for the
+	// check and once into the targets that ask for them.
+	ParamGroups [][]string
 	// Frozen lists target keys (for example "model.fc1.bias") that may be
 	// missing from the checkpoint: they are left untouched and reported.
 	// Every other missing key fails the load.
@@ -210,6 +220,15 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 			return nil, fmt.Errorf("load %s: %w", c.URL(), err)
 		}
 	}
+	// The param-group rule, the half that needs the groups' values: read
+	// and compared before the first target byte is written.
+	var preBytes int64
+	var preReads int
+	if d.optimLoaded && opts.ParamGroups != nil {
+		if preBytes, preReads, err = c.checkParamGroups(ctx, &opts); err != nil {
+			return nil, fmt.Errorf("load %s: %w", c.URL(), err)
+		}
+	}
 
 	reqs := make([]planner.ReadRequest, 0, len(d.read))
 	owners := make([]keyRef, 0, len(d.read))
@@ -264,6 +283,7 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 	case ModeDirect:
 		reads = ex.requests
 	}
+	reads, bytesRead = reads+preReads, bytesRead+preBytes
 
 	rep := &Report{
 		URL: c.URL(), Format: c.format.Name, Iteration: md.Training.Iteration, OptimizerRecord: md.Training.Optimizer,

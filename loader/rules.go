@@ -157,6 +157,14 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 		if len(partial) > 0 {
 			return nil, fmt.Errorf("%w (corrupt or incomplete save; refusing to resume with zeroed state): %s", ErrPartialOptimizerState, strings.Join(partial, "; "))
 		}
+		// The param-group rule, the half the metadata decides: as many
+		// groups as the target's optimizer (their members are compared
+		// with the values, read before any target byte is written).
+		if opts.ParamGroups != nil {
+			if err := checkGroupCount(md, opts); err != nil {
+				return nil, err
+			}
+		}
 		// Rule 3: every target parameter lazily absent while state was saved.
 		// When the checkpoint records its parameter set, the layout matches
 		// if some target parameter is one of the checkpoint's parameters

@@ -25,7 +25,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 
 from ckptkit.errors import (
-    LayoutMismatchError,
     UnsupportedError,
     UsageError,
 )
@@ -294,7 +293,8 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     every byte before anything is modified: lazily absent optimizer state is
     left fresh and reported (``lazy_params``); partial state raises
     PartialStateError, an optimizer whose saved state matches no parameter
-    LayoutMismatchError, chunks that do not tile a tensor CoverageError, a
+    or whose param groups differ from the checkpoint's (another number of
+    groups, a parameter in another group) LayoutMismatchError, chunks that do not tile a tensor CoverageError, a
     bad CRC32C ChecksumError; model keys are strict except the FQNs in
     ``frozen``. load_optimizer=False still restores the step and the
     scheduler (and sets each group's lr from the scheduler). extra_state,
@@ -367,7 +367,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     saved_keys = ck.keys()
     m = _unwrap(model)
     target = {MODEL_KEY: m.state_dict()}
-    slot_names = None
+    slot_names = fqns = None
     if optimizer is not None and load_optimizer:
         slot_names, make = _slots(optimizer)
         fqns = _group_fqns(model, optimizer)
@@ -422,6 +422,10 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     }
     if slot_names:
         spec["optimizer_slots"] = slot_names
+    if fqns is not None:
+        # The Go loader compares them with the checkpoint's param groups
+        # before any buffer is written (a LayoutMismatchError otherwise).
+        spec["param_groups"] = fqns
     if run_url:
         spec["fallback_run"] = run_url
     # Every rule is checked before any buffer is written, and every CRC
@@ -475,18 +479,13 @@ def _apply_optimizer(model, optimizer, loaded, lazy):
     """Install the loaded optimizer state with the optimizer's own
     load_state_dict, leaving the lazily absent parameters without state
     (fresh), which works on every torch version (torch < 2.10's
-    set_optimizer_state_dict raises a bare KeyError for such an FQN)."""
+    set_optimizer_state_dict raises a bare KeyError for such an FQN). The
+    Go loader has already checked that the checkpoint's param groups hold
+    the optimizer's parameters (the spec's param_groups), before it wrote
+    any buffer."""
     fqns = _group_fqns(model, optimizer)
-    saved_groups = loaded["param_groups"]
-    if len(saved_groups) != len(fqns):
-        raise LayoutMismatchError(
-            f"the checkpoint has {len(saved_groups)} optimizer param groups, the optimizer {len(fqns)}")
     state, groups, idx = {}, [], 0
-    for g, names in zip(saved_groups, fqns):
-        saved_names = list(g.get("params", []))
-        if sorted(saved_names) != sorted(names):
-            raise LayoutMismatchError(
-                f"optimizer param group parameters differ: checkpoint {saved_names[:5]}, optimizer {names[:5]}")
+    for g, names in zip(loaded["param_groups"], fqns):
         g = dict(g)
         if isinstance(g.get("betas"), list):
             g["betas"] = tuple(g["betas"])

@@ -1,0 +1,52 @@
+package catalog_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/saver"
+	"github.com/ckptkit/ckptkit/statedict"
+)
+
+// TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled: the
+// newest checkpoint is damaged, so the one-pass load falls back; the older
+// one was saved with other optimizer param groups and is refused before
+// anything more is written. The error is the layout mismatch, and says
+// (errors.Is, message) that the damaged attempt partly filled the targets.
+func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) {
+	ctx := context.Background()
+	run, err := backend.Open(ctx, "file://"+t.TempDir())
+	require.NoError(t, err)
+	groups := [][]string{{"a"}, {"b", "c"}}
+	for name, saved := range map[string][][]string{"step-00000003": {{"a", "b", "c"}}, "step-00000006": groups} {
+		st, err := run.Sub(name)
+		require.NoError(t, err)
+		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
+		require.NoError(t, err)
+	}
+	newest, err := run.Sub("step-00000006")
+	require.NoError(t, err)
+	flipDataByte(t, newest)
+
+	found, _, err := catalog.Latest(ctx, run, false)
+	require.NoError(t, err)
+	require.Equal(t, "step-00000006", found.Name, "the damage is in the data: the metadata verifies")
+	_, _, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+		target := ckpttest.GroupedState(256, groups...)
+		return c.Load(ctx, []*statedict.StateDict{target}, loader.Options{ParamGroups: groups})
+	}, t.Logf)
+	require.ErrorIs(t, err, loader.ErrLayoutMismatch)
+	assert.ErrorIs(t, err, loader.ErrChecksum)
+	assert.ErrorIs(t, err, loader.ErrTargetsPartlyFilled)
+	assert.Contains(t, err.Error(), "step-00000003")
+	assert.Contains(t, err.Error(), "the checkpoint has 1 optimizer param group(s)")
+	assert.Contains(t, err.Error(), "after falling back from a damaged one")
+	assert.Contains(t, err.Error(), "step-00000006")
+}
