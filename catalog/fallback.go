@@ -29,9 +29,10 @@ func DataDamaged(err error) bool {
 // Every rule that can be checked before a byte is written is checked on
 // each candidate, so an older checkpoint that breaks one (other optimizer
 // param groups, say) is refused; the targets are then as the damaged
-// attempt left them, and the error says so: it wraps the refusal and the
-// damage (with loader.ErrTargetsPartlyFilled when that attempt had written
-// into the targets).
+// attempt left them, and the error says so: it wraps the refusal (its rule
+// and class are the error's), names the damage, and wraps
+// loader.ErrTargetsPartlyFilled when that attempt had written into the
+// targets.
 func LoadWithFallback(ctx context.Context, run *backend.Store, found *Found, load func(*loader.Checkpoint) (*loader.Report, error), logf func(string, ...any)) (*loader.Checkpoint, *loader.Report, error) {
 	var entries []Entry
 	var damaged error // the last damaged attempt's error
@@ -43,7 +44,14 @@ func LoadWithFallback(ctx context.Context, run *backend.Store, found *Found, loa
 		}
 		if !DataDamaged(err) {
 			if damaged != nil {
-				return nil, nil, fmt.Errorf("%w (the next older checkpoint, after falling back from a damaged one: %w)", err, damaged)
+				// The refusal decides the error's rule and class; the
+				// damage is named, not wrapped (it would make the error a
+				// checksum failure, and DataDamaged true), except that
+				// the targets are partly filled.
+				if errors.Is(damaged, loader.ErrTargetsPartlyFilled) {
+					return nil, nil, fmt.Errorf("%w (the next older checkpoint, after falling back from a damaged one: %v): %w", err, damaged, loader.ErrTargetsPartlyFilled)
+				}
+				return nil, nil, fmt.Errorf("%w (the next older checkpoint, after falling back from a damaged one: %v)", err, damaged)
 			}
 			return nil, nil, err
 		}

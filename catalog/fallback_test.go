@@ -43,10 +43,41 @@ func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) 
 		return c.Load(ctx, []*statedict.StateDict{target}, loader.Options{ParamGroups: groups})
 	}, t.Logf)
 	require.ErrorIs(t, err, loader.ErrLayoutMismatch)
-	assert.ErrorIs(t, err, loader.ErrChecksum)
+	assert.NotErrorIs(t, err, loader.ErrChecksum, "the refusal is the error; the damage is only named")
 	assert.ErrorIs(t, err, loader.ErrTargetsPartlyFilled)
+	assert.Contains(t, err.Error(), "CRC32C")
 	assert.Contains(t, err.Error(), "step-00000003")
 	assert.Contains(t, err.Error(), "the checkpoint has 1 optimizer param group(s)")
 	assert.Contains(t, err.Error(), "after falling back from a damaged one")
+	assert.Contains(t, err.Error(), "step-00000006")
+}
+
+// Regression (review): when the older checkpoint is refused for a missing
+// key, the error is the missing key (its rule and class, as the C ABI maps
+// it to a Python exception), not the damage of the newer one it fell back
+// from, and it is not taken for damaged data.
+func TestFallbackRefusedForAMissingKeyIsAMissingKey(t *testing.T) {
+	ctx := context.Background()
+	run, err := backend.Open(ctx, "file://"+t.TempDir())
+	require.NoError(t, err)
+	full := [][]string{{"a", "b", "c"}}
+	for name, saved := range map[string][][]string{"step-00000003": {{"a", "b"}}, "step-00000006": full} {
+		st, err := run.Sub(name)
+		require.NoError(t, err)
+		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
+		require.NoError(t, err)
+	}
+	newest, err := run.Sub("step-00000006")
+	require.NoError(t, err)
+	flipDataByte(t, newest)
+
+	found, _, err := catalog.Latest(ctx, run, false)
+	require.NoError(t, err)
+	_, _, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+		return c.Load(ctx, []*statedict.StateDict{ckpttest.GroupedState(256, full...)}, loader.Options{})
+	}, t.Logf)
+	require.ErrorIs(t, err, loader.ErrMissingKeys)
+	assert.NotErrorIs(t, err, loader.ErrChecksum)
+	assert.False(t, catalog.DataDamaged(err))
 	assert.Contains(t, err.Error(), "step-00000006")
 }
