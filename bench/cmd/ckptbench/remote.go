@@ -83,8 +83,10 @@ func (m *minioRaw) getChecked(ctx context.Context, key string, dst []byte) error
 	if err := readToEnd(o, dst); err != nil {
 		return fmt.Errorf("checked get %s: %w", key, err)
 	}
-	if info, err := o.Stat(); err != nil || info.ChecksumCRC32C == "" {
-		return fmt.Errorf("checked get %s: the response carried no CRC32C (stat: %v)", key, err)
+	// minio-go verifies the body only against a full-object checksum (a
+	// composite one, or none, would leave the read unchecked): refuse both.
+	if info, err := o.Stat(); err != nil || info.ChecksumCRC32C == "" || info.ChecksumMode != minio.ChecksumFullObjectMode.String() {
+		return fmt.Errorf("checked get %s: the response carried no full-object CRC32C, so minio-go checked nothing (stat: %v, checksum type %q)", key, err, info.ChecksumMode)
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func TestCheckedBaselineChecks(t *testing.T) {
 				// CRC32C: the checked baseline refuses to read it unchecked.
 				require.NoError(t, raw.put(ctx, key("plain"), data))
 				err := raw.getChecked(ctx, key("plain"), got)
-				require.ErrorContains(t, err, "no CRC32C")
+				require.ErrorContains(t, err, "no full-object CRC32C")
 				require.NoError(t, raw.del(ctx, key("plain")))
 			}
 		})
