@@ -24,9 +24,13 @@ func savedGroupKeys(md *metadata.Checkpoint, optimizerPrefix string) ([]string, 
 			continue
 		}
 		rest := strings.TrimPrefix(k, optimizerPrefix+"."+statedict.ParamGroupsWord+".")
-		n, err := strconv.Atoi(strings.TrimSuffix(rest, "."+statedict.ParamsField))
-		if err != nil || n >= len(md.Bytes) {
+		idx := strings.TrimSuffix(rest, "."+statedict.ParamsField)
+		n, err := strconv.Atoi(idx)
+		if err != nil || n >= len(md.Bytes) || strconv.Itoa(n) != idx {
 			return nil, fmt.Errorf("%w: param-group key %q has no usable group index", ErrLayoutMismatch, k)
+		}
+		if prev, dup := byIndex[n]; dup {
+			return nil, fmt.Errorf("%w: param-group keys %q and %q name the same group", ErrLayoutMismatch, prev, k)
 		}
 		byIndex[n] = k
 	}

@@ -152,3 +152,23 @@ func TestParamGroupsOfATorchWrittenCheckpoint(t *testing.T) {
 	assert.Contains(t, err.Error(), "embed.weight is in the checkpoint's group but in the target's no group")
 	assert.Equal(t, "untouched", string(bad.Bytes[lr]))
 }
+
+// Regression (review): "param_groups.00.params" next to
+// "param_groups.0.params" names group 0 twice; one of them used to be
+// dropped silently and the group count compared against the wrong number.
+// Such a checkpoint is refused, before any target byte is written.
+func TestNonCanonicalParamGroupIndexIsRefused(t *testing.T) {
+	ctx := context.Background()
+	st, err := backend.Open(ctx, "file://"+t.TempDir())
+	require.NoError(t, err)
+	sd := groupedState()
+	sd.Bytes["optimizer.param_groups.00.params"] = []byte(`["c"]`)
+	_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{sd}, saver.Options{})
+	require.NoError(t, err)
+
+	target := groupedTarget(savedGroups)
+	_, err = loader.Load(ctx, st, []*statedict.StateDict{target}, loader.Options{ParamGroups: savedGroups})
+	require.ErrorIs(t, err, loader.ErrLayoutMismatch)
+	assert.Contains(t, err.Error(), "param_groups.00.params")
+	unchanged(t, target)
+}

@@ -23,6 +23,12 @@ const maxCachedRead = 1 << 20
 // a goroutine blocked in a system call to another thread, and that
 // hand-off on every 256 KiB read cost about 10% of a cached load's CPU
 // time (docs/PERFORMANCE.md).
+//
+// RWF_NOWAIT covers the page cache, not the destination: a destination
+// that faults from disk (a file-backed mapping such as np.memmap) or under
+// memory-cgroup reclaim waits inside the raw call with the P held, as Go
+// code touching such memory would. Kernels before 5.9 may also start (not
+// wait for) read-ahead I/O inside it.
 type cachedReader struct {
 	rc syscall.RawConn // nil: no fast path for this file
 }
@@ -59,8 +65,10 @@ func (c *cachedReader) read(off *atomic.Bool, p []byte, at int64) int {
 					return // the cache ends here (or the file does)
 				}
 				continue
-			case errors.Is(e, unix.EOPNOTSUPP) || errors.Is(e, unix.ENOSYS) || errors.Is(e, unix.EINVAL):
-				off.Store(true) // no RWF_NOWAIT here: blocking reads from now on
+			case errors.Is(e, unix.EOPNOTSUPP) || errors.Is(e, unix.ENOSYS) || errors.Is(e, unix.EINVAL) || errors.Is(e, unix.EPERM):
+				// No RWF_NOWAIT here (EPERM: a seccomp filter that denies
+				// preadv2): blocking reads from now on.
+				off.Store(true)
 			}
 			return // EAGAIN (not cached), EINTR, the end of the file, any error: the blocking read takes over
 		}

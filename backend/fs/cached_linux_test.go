@@ -33,7 +33,9 @@ func dropCache(t *testing.T, dir string, data []byte) {
 // cached, ranges ending at the end of the file.
 func TestCachedReadStopsWhereTheCacheEnds(t *testing.T) {
 	dir := t.TempDir()
-	data := make([]byte, 16<<20)
+	// Larger than any device's read-ahead, so a read of its first 2 MiB
+	// leaves most of it uncached.
+	data := make([]byte, 64<<20)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range data {
 		data[i] = byte(rng.Uint32())
@@ -49,9 +51,12 @@ func TestCachedReadStopsWhereTheCacheEnds(t *testing.T) {
 	var c cachedReader
 	c.init(f)
 	buf := make([]byte, len(data))
-	if n := c.read(&d.noCached, buf, 0); d.noCached.Load() {
+	switch n := c.read(&d.noCached, buf, 0); {
+	case d.noCached.Load():
 		t.Skip("this file system refuses RWF_NOWAIT reads: the blocking path serves everything")
-	} else {
+	case n == len(data):
+		t.Skip("this file system keeps the file in memory (tmpfs?): there is no uncached part to test")
+	default:
 		assert.Zero(t, n, "nothing is cached yet, so the non-blocking read copies nothing")
 	}
 
