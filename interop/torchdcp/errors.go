@@ -48,6 +48,11 @@ var (
 	// ErrItemMismatch: a decoded item disagrees with the metadata (dtype or
 	// shape).
 	ErrItemMismatch = ckpterr.New(ckpterr.BadCheckpoint, "torchdcp: item does not match its metadata")
+	// ErrMissingIntegrity: a checkpoint whose data objects are named for
+	// the save that committed it (ckptkit's StorageWriter writes such
+	// names, and an integrity object with them) has no integrity object:
+	// it was deleted or never copied, and with it every CRC32C.
+	ErrMissingIntegrity = ckpterr.New(ckpterr.BadCheckpoint, "torchdcp: integrity object missing")
 )
 
 // ForbiddenGlobalError names a refused pickle global. It matches

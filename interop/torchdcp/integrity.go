@@ -150,6 +150,11 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 		head, err = read(key, 0, IntegrityHeaderSize)
 	}
 	if errors.Is(err, backend.ErrNotFound) {
+		// Torch's own checkpoints have none; one whose data objects carry
+		// the committing save's tag was written by ckptkit with one.
+		if tag := SaveTag(c.SaveID); tag != "" && namedForSave(c, tag) {
+			return false, fmt.Errorf("%w: neither %s nor %s exists, but the data objects are named for save %s, which ckptkit writes with its CRC32Cs", ErrMissingIntegrity, IntegrityKeyFor(c.SaveID), IntegrityKey, tag)
+		}
 		return false, nil
 	}
 	if err != nil {
@@ -206,4 +211,16 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 		c.Training.Optimizer = metadata.OptimizerOmitted
 	}
 	return true, nil
+}
+
+// namedForSave reports whether a data object of c is named for the save
+// tagged tag ("__<rank>_<n>.<tag>.distcp", as StorageWriter names them).
+func namedForSave(c *metadata.Checkpoint, tag string) bool {
+	suffix := "." + tag + ".distcp"
+	for _, o := range c.Objects {
+		if strings.HasSuffix(o.Key, suffix) {
+			return true
+		}
+	}
+	return false
 }

@@ -335,3 +335,32 @@ def test_overwrite_on_two_ranks(backend, tmp_path):
     tags = {k.split(".")[1] for k in out["committed"] if k.endswith(".distcp")}
     assert len(tags) == 1 and {k[:4] for k in out["committed"] if k.endswith(".distcp")} == {"__0_", "__1_"}, out
     assert out["equal"], out
+
+
+def test_lost_integrity_object_is_refused_not_loaded_unchecked(file_url):
+    """Regression (review): a checkpoint StorageWriter wrote whose integrity
+    object is gone (deleted, or left out of a copy) used to be taken for one
+    torch wrote and loaded without any CRC32C check. Its data objects are
+    named for the committing save, so ckptkit knows it wrote an integrity
+    object: the Python reader and the Go one (ckpt verify, resume) refuse
+    it as a bad checkpoint."""
+    url = file_url + "/ck"
+    dcp.save(_state(1), storage_writer=StorageWriter(url))
+    ck = ckptkit.torch.Checkpoint(url)
+    try:
+        key = integrity_key(ck.torch_metadata().storage_meta.save_id)
+    finally:
+        ck.close()
+    assert key != INTEGRITY_KEY
+    ckptkit.Store(url).delete(key)
+    with pytest.raises(BaseException) as ei:  # dcp.CheckpointException is a BaseException
+        _load(url)
+    err = root_error(ei.value)
+    assert isinstance(err, ckptkit.BadCheckpointError) and "integrity object missing" in str(err), repr(err)
+    for args in (("verify", url), ("verify", "--deep", url)):
+        r = ckpt_cli(*args)
+        assert r.returncode != 0 and "integrity object missing" in r.stdout + r.stderr, r.stdout + r.stderr
+    # torch's own reader, which checks nothing, still reads it.
+    out = _zeros_like(_state())
+    dcp.load(out, storage_reader=dcp.FileSystemReader(url[len("file://"):]))
+    _assert_equal(out, _state(1))

@@ -770,13 +770,24 @@ class Checkpoint(_lib.Closing):
         itself)."""
         if self._crcs is False:
             self._crcs = None
-            for key in dict.fromkeys([integrity_key(_save_id_of(self.torch_metadata())), INTEGRITY_KEY]):
+            md = self.torch_metadata()
+            keys = list(dict.fromkeys([integrity_key(_save_id_of(md)), INTEGRITY_KEY]))
+            for key in keys:
                 try:
                     data = self._store.read(key)
                 except ckptkit.NotFoundError:
                     continue
                 self._crcs = decode_integrity(data, self.object_url(key))[0]
                 break
+            tag = save_tag(_save_id_of(md))
+            if self._crcs is None and tag and any(
+                    str(getattr(s, "relative_path", "")).endswith(f".{tag}.distcp")
+                    for s in (getattr(md, "storage_data", None) or {}).values()):
+                # Named for the committing save: ckptkit wrote it, with an
+                # integrity object, which is gone (as the Go reader says).
+                raise ckptkit.BadCheckpointError(
+                    f"{self.object_url(keys[0])}: integrity object missing: the data objects are named for save "
+                    f"{tag}, which ckptkit writes with its CRC32Cs")
         return self._crcs
 
     def read_into(self, key, offset, buf):
