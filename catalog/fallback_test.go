@@ -15,17 +15,16 @@ import (
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled: the
-// newest checkpoint is damaged, so the one-pass load falls back; the older
-// one was saved with other optimizer param groups and is refused before
-// anything more is written. The error is the layout mismatch, and says
-// (errors.Is, message) that the damaged attempt partly filled the targets.
-func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) {
+// damagedNewest saves two checkpoints of a run, step 3 with the param
+// groups older and step 6 with newer, flips a data byte of step 6 (its
+// metadata still verifies) and returns the run and the newest checkpoint
+// found.
+func damagedNewest(t *testing.T, older, newer [][]string) (*backend.Store, *catalog.Found) {
+	t.Helper()
 	ctx := context.Background()
 	run, err := backend.Open(ctx, "file://"+t.TempDir())
 	require.NoError(t, err)
-	groups := [][]string{{"a"}, {"b", "c"}}
-	for name, saved := range map[string][][]string{"step-00000003": {{"a", "b", "c"}}, "step-00000006": groups} {
+	for name, saved := range map[string][][]string{"step-00000003": older, "step-00000006": newer} {
 		st, err := run.Sub(name)
 		require.NoError(t, err)
 		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
@@ -34,11 +33,22 @@ func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) 
 	newest, err := run.Sub("step-00000006")
 	require.NoError(t, err)
 	flipDataByte(t, newest)
-
 	found, _, err := catalog.Latest(ctx, run, false)
 	require.NoError(t, err)
 	require.Equal(t, "step-00000006", found.Name, "the damage is in the data: the metadata verifies")
-	_, _, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+	return run, found
+}
+
+// TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled: the
+// newest checkpoint is damaged, so the one-pass load falls back; the older
+// one was saved with other optimizer param groups and is refused before
+// anything more is written. The error is the layout mismatch, and says
+// (errors.Is, message) that the damaged attempt partly filled the targets.
+func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) {
+	ctx := context.Background()
+	groups := [][]string{{"a"}, {"b", "c"}}
+	run, found := damagedNewest(t, [][]string{{"a", "b", "c"}}, groups)
+	_, _, err := catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
 		target := ckpttest.GroupedState(256, groups...)
 		return c.Load(ctx, []*statedict.StateDict{target}, loader.Options{ParamGroups: groups})
 	}, t.Logf)
@@ -58,22 +68,9 @@ func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) 
 // from, and it is not taken for damaged data.
 func TestFallbackRefusedForAMissingKeyIsAMissingKey(t *testing.T) {
 	ctx := context.Background()
-	run, err := backend.Open(ctx, "file://"+t.TempDir())
-	require.NoError(t, err)
 	full := [][]string{{"a", "b", "c"}}
-	for name, saved := range map[string][][]string{"step-00000003": {{"a", "b"}}, "step-00000006": full} {
-		st, err := run.Sub(name)
-		require.NoError(t, err)
-		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
-		require.NoError(t, err)
-	}
-	newest, err := run.Sub("step-00000006")
-	require.NoError(t, err)
-	flipDataByte(t, newest)
-
-	found, _, err := catalog.Latest(ctx, run, false)
-	require.NoError(t, err)
-	_, _, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
+	run, found := damagedNewest(t, [][]string{{"a", "b"}}, full)
+	_, _, err := catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
 		return c.Load(ctx, []*statedict.StateDict{ckpttest.GroupedState(256, full...)}, loader.Options{})
 	}, t.Logf)
 	require.ErrorIs(t, err, loader.ErrMissingKeys)
