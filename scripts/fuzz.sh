@@ -2,7 +2,8 @@
 # fuzz.sh TIME - runs every fuzz target of the module for TIME each
 # (go test -fuzz ... -fuzztime TIME) and prints one markdown table row per
 # target. Exits non-zero on a finding (go test saves the input under the
-# package's testdata/fuzz), and on a target that fails twice without one. make test runs it for a few seconds per target,
+# package's testdata/fuzz), on a target that fails twice without one, and on a
+# target name that matches no fuzz test (go test -fuzz would pass). make test runs it for a few seconds per target,
 # make reliability (scripts/reliability.sh) for FUZZTIME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,13 @@ echo "| --- | --- | --- |"
 saved() { ls "$1/testdata/fuzz/$2" 2>/dev/null || true; }
 for t in "${targets[@]}"; do
 	read -r pkg name <<<"$t"
+	# go test -fuzz passes when no target matches: make sure it exists.
+	listed=$(go test -list "^${name}\$" "$pkg" 2>&1 || true)
+	if ! grep -qx "$name" <<<"$listed"; then
+		status=1
+		echo "| $pkg $name | $time | NO SUCH FUZZ TARGET |"
+		continue
+	fi
 	before=$(saved "$pkg" "$name")
 	ok=0
 	for attempt in 1 2; do
