@@ -2,9 +2,10 @@
 # fuzz.sh TIME - runs every fuzz target of the module for TIME each
 # (go test -fuzz ... -fuzztime TIME) and prints one markdown table row per
 # target. Exits non-zero on a finding (go test saves the input under the
-# package's testdata/fuzz), on a target that fails twice without one, and on a
-# target name that matches no fuzz test (go test -fuzz would pass). make test runs it for a few seconds per target,
-# make reliability (scripts/reliability.sh) for FUZZTIME.
+# package's testdata/fuzz), on a target that fails twice without one, and
+# on a target name that matches no fuzz test (go test -fuzz would pass).
+# make test runs it for a few seconds per target, make reliability
+# (scripts/reliability.sh) for FUZZTIME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
