@@ -20,13 +20,12 @@ func savedGroupKeys(md *metadata.Checkpoint, optimizerPrefix string) ([]string, 
 	byIndex := map[int]string{}
 	for i := range md.Bytes {
 		k := md.Bytes[i].Key
-		if !statedict.IsParamsKey(k, optimizerPrefix) {
+		n, ok := statedict.ParamsKeyGroup(k, optimizerPrefix)
+		if !ok {
 			continue
 		}
-		rest := strings.TrimPrefix(k, optimizerPrefix+"."+statedict.ParamGroupsWord+".")
-		idx := strings.TrimSuffix(rest, "."+statedict.ParamsField)
-		n, err := strconv.Atoi(idx)
-		if err != nil || n >= len(md.Bytes) || strconv.Itoa(n) != idx {
+		// "param_groups.00.params" would name group 0 a second way.
+		if n < 0 || n >= len(md.Bytes) || statedict.ParamGroupKey(optimizerPrefix, n, statedict.ParamsField) != k {
 			return nil, fmt.Errorf("%w: param-group key %q has no usable group index", ErrLayoutMismatch, k)
 		}
 		if prev, dup := byIndex[n]; dup {

@@ -75,18 +75,30 @@ func ParamGroupKey(optimizerPrefix string, group int, field string) string {
 // IsParamsKey reports whether key is "<optimizerPrefix>.param_groups.<i>.params"
 // for a decimal group index i: the key listing a group's parameters.
 func IsParamsKey(key, optimizerPrefix string) bool {
+	_, ok := ParamsKeyGroup(key, optimizerPrefix)
+	return ok
+}
+
+// ParamsKeyGroup returns the group index i of a params key
+// "<optimizerPrefix>.param_groups.<i>.params" (IsParamsKey), and whether
+// key is one; i is -1 when the decimal index does not fit an int.
+func ParamsKeyGroup(key, optimizerPrefix string) (int, bool) {
 	rest, ok := strings.CutPrefix(key, optimizerPrefix+"."+ParamGroupsWord+".")
 	if !ok {
-		return false
+		return 0, false
 	}
 	i, ok := strings.CutSuffix(rest, "."+ParamsField)
 	if !ok || i == "" {
-		return false
+		return 0, false
 	}
 	for _, r := range i {
 		if r < '0' || r > '9' {
-			return false
+			return 0, false
 		}
 	}
-	return true
+	n, err := strconv.Atoi(i)
+	if err != nil {
+		return -1, true
+	}
+	return n, true
 }

@@ -45,10 +45,10 @@ func (c *cachedReader) init(f *os.File) {
 
 // read copies into p what the page cache holds of the bytes from off on,
 // stopping at the first byte it does not hold (or at the end of the file)
-// and returning how many it copied. off marks the driver's file system as
-// refusing such reads when the kernel or the file system does.
-func (c *cachedReader) read(off *atomic.Bool, p []byte, at int64) int {
-	if c.rc == nil || off.Load() || len(p) == 0 {
+// and returning how many it copied. refused is set (for the driver's file
+// system) when the kernel or the file system refuses such reads.
+func (c *cachedReader) read(refused *atomic.Bool, p []byte, at int64) int {
+	if c.rc == nil || refused.Load() || len(p) == 0 {
 		return 0
 	}
 	n := 0
@@ -68,7 +68,7 @@ func (c *cachedReader) read(off *atomic.Bool, p []byte, at int64) int {
 			case errors.Is(e, unix.EOPNOTSUPP) || errors.Is(e, unix.ENOSYS) || errors.Is(e, unix.EINVAL) || errors.Is(e, unix.EPERM):
 				// No RWF_NOWAIT here (EPERM: a seccomp filter that denies
 				// preadv2): blocking reads from now on.
-				off.Store(true)
+				refused.Store(true)
 			}
 			return // EAGAIN (not cached), EINTR, the end of the file, any error: the blocking read takes over
 		}

@@ -22,8 +22,9 @@ const Size = 4
 // it); shorter inputs cost more to set up than they save.
 const FoldMin = 512
 
-// Table is the Castagnoli table of hash/crc32, for APIs that take one.
-var Table = crc32.MakeTable(crc32.Castagnoli)
+// table is hash/crc32's Castagnoli table: the path for short inputs and
+// CPUs without the folding instructions.
+var table = crc32.MakeTable(crc32.Castagnoli)
 
 // blockSize is how many bytes one folding step consumes: four 512-bit
 // accumulators.
@@ -33,11 +34,11 @@ const blockSize = 256
 // as crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), p).
 func Update(crc uint32, p []byte) uint32 {
 	if !haveFold || len(p) < FoldMin {
-		return crc32.Update(crc, Table, p)
+		return crc32.Update(crc, table, p)
 	}
 	n := len(p) &^ (blockSize - 1)
 	// crc is the register inverted; so is the result.
-	return crc32.Update(^foldBlocks(^crc, p[:n], &foldKeys), Table, p[n:])
+	return crc32.Update(^foldBlocks(^crc, p[:n], &foldKeys), table, p[n:])
 }
 
 // Checksum returns the CRC-32C of p.
