@@ -41,28 +41,56 @@ if [[ -s $CKPTKIT_CONFORMANCE_SUMMARY ]]; then
 	echo "== conformance matrix (backend x case) =="
 	cat "$CKPTKIT_CONFORMANCE_SUMMARY"
 fi
-# --- Python suite (wt/torch): libckptkit + python/ckptkit, run inside the
-# torch 2.6 environment of scripts/torch-env.sh with the S3/GCS servers above.
-# With CI=true the environment is built if missing and a failed set-up fails
-# the run; otherwise a missing environment skips the suite, loudly.
+# --- Python suite: libckptkit + python/ckptkit, run inside each torch
+# environment of scripts/torch-env.sh (trixie: torch 2.6; forky: the newest
+# torch Debian ships) with the S3/GCS servers above. With CI=true an
+# environment is built if missing and a failed set-up fails the run;
+# otherwise a missing environment skips its suite, loudly.
+# CKPTKIT_TORCH_SUITES picks the environments: default trixie only, until
+# the suite passes on forky's torch 2.14 (two known failures, issue #22:
+# torch 2.14 adds param-group and scheduler fields a 2.6-written checkpoint
+# lacks, and a DCP load error arrives as AssertionError not IncompleteError);
+# CKPTKIT_TORCH_SUITES="trixie forky" runs both.
 py_status=0
-# An environment built with an older package list is topped up in place.
-torch_ready=${CKPTKIT_TORCH_ENV:-$HOME/.cache/ckptkit/torch-env}/.ckptkit-ready
-if bash scripts/torch-env.sh status || { [[ "${CI:-}" == "true" || -f $torch_ready ]] && bash scripts/torch-env.sh build; }; then
-	if make -s python && CGO_ENABLED=0 go build -o bin/ckpt ./cmd/ckpt &&
-		CGO_ENABLED=0 go build -o bin/plugins/fsplugin ./plugins/examples/fsplugin; then
+built=
+ran=()
+for suite in ${CKPTKIT_TORCH_SUITES:-trixie}; do
+	env_dir=$HOME/.cache/ckptkit/torch-env
+	[[ $suite == trixie ]] || env_dir=$env_dir-$suite
+	# An environment built with an older package list is topped up in place.
+	if bash scripts/torch-env.sh -s "$suite" status ||
+		{ [[ "${CI:-}" == "true" || -f $env_dir/.ckptkit-ready ]] && bash scripts/torch-env.sh -s "$suite" build; }; then
+		if [[ -z $built ]]; then
+			if make -s python && CGO_ENABLED=0 go build -o bin/ckpt ./cmd/ckpt &&
+				CGO_ENABLED=0 go build -o bin/plugins/fsplugin ./plugins/examples/fsplugin; then
+				built=ok
+			else
+				built=failed
+			fi
+		fi
+		if [[ $built != ok ]]; then
+			py_status=1
+			break
+		fi
+		version=$(bash scripts/torch-env.sh -s "$suite" version || echo "torch ?")
 		echo
-		echo "== Python suite (torch environment) =="
-		bash scripts/torch-env.sh run python3 -m pytest -q -p no:cacheprovider python/tests || py_status=$?
-	else
+		echo "== Python suite ($suite: $version) =="
+		suite_status=0
+		bash scripts/torch-env.sh -s "$suite" run python3 -m pytest -q -p no:cacheprovider python/tests || suite_status=$?
+		ran+=("$suite ($version): exit $suite_status")
+		[[ $suite_status -eq 0 ]] || py_status=$suite_status
+	elif [[ "${CI:-}" == "true" ]]; then
+		echo "test.sh: the $suite torch environment could not be built (CI=true makes that fatal)" >&2
 		py_status=1
+	else
+		echo >&2
+		echo "test.sh: *** SKIPPING the Python suite on $suite: no torch environment (build it once: bash scripts/torch-env.sh -s $suite build) ***" >&2
 	fi
-elif [[ "${CI:-}" == "true" ]]; then
-	echo "test.sh: the torch environment could not be built (CI=true makes that fatal)" >&2
-	py_status=1
-else
-	echo >&2
-	echo "test.sh: *** SKIPPING the Python suite: no torch environment (build it once: bash scripts/torch-env.sh build) ***" >&2
+done
+if [[ ${#ran[@]} -gt 0 ]]; then
+	echo
+	echo "== Python suites run =="
+	printf '%s\n' "${ran[@]}"
 fi
 if [[ $status -eq 0 ]]; then
 	status=$py_status

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# torch-env.sh - a cached Debian 13 (trixie) chroot with torch 2.6 (python3-torch)
-# for the Python suite and the examples. Debian 12 ships torch 1.13 only and
-# PyPI is not reachable, so the environment is built with debootstrap.
+# torch-env.sh - cached Debian chroots with Debian's python3-torch for the
+# Python suite and the examples: trixie (Debian 13: torch 2.6, Python 3.13)
+# and forky (Debian's newest: torch 2.14, Python 3.14). Debian 12 ships torch
+# 1.13 only and PyPI is not reachable, so each is built with debootstrap.
 #
-#   scripts/torch-env.sh build        build it once into $CKPTKIT_TORCH_ENV
-#                                     (default ~/.cache/ckptkit/torch-env)
-#   scripts/torch-env.sh status       exit 0 when it is built with today's package list
-#   scripts/torch-env.sh run CMD...   run CMD inside it, with the repo
+#   scripts/torch-env.sh [-s SUITE] build       build it once (SUITE: trixie,
+#                                     the default, or forky) into
+#                                     $CKPTKIT_TORCH_ENV (default
+#                                     ~/.cache/ckptkit/torch-env for trixie,
+#                                     ~/.cache/ckptkit/torch-env-SUITE otherwise)
+#   scripts/torch-env.sh [-s SUITE] status      exit 0 when it is built with today's package list
+#   scripts/torch-env.sh [-s SUITE] version     print "torch X, Python Y" of the environment
+#   scripts/torch-env.sh [-s SUITE] run CMD...  run CMD inside it, with the repo
 #                                     bind-mounted at /run.PID/repo (the cwd;
 #                                     ../shared at /run.PID/shared when it
 #                                     exists), PYTHONPATH set to its python/
@@ -15,7 +20,25 @@
 # Mounts made by `run` are always removed by an EXIT trap. Needs root.
 set -euo pipefail
 
-ENV_DIR=${CKPTKIT_TORCH_ENV:-$HOME/.cache/ckptkit/torch-env}
+SUITE=trixie
+if [[ ${1:-} == -s ]]; then
+	SUITE=${2:?usage: $0 -s SUITE build|status|version|run CMD...}
+	shift 2
+fi
+case $SUITE in
+trixie) default_dir=$HOME/.cache/ckptkit/torch-env ;;
+forky) default_dir=$HOME/.cache/ckptkit/torch-env-forky ;;
+*)
+	echo "torch-env: unknown suite $SUITE (trixie or forky)" >&2
+	exit 2
+	;;
+esac
+ENV_DIR=${CKPTKIT_TORCH_ENV:-$default_dir}
+# Suites newer than the host's debootstrap know are built with its sid
+# script (forky is the testing suite). A mirror whose Release file has
+# passed its Valid-Until date (mirror snapshots) is still taken: the
+# packages are checked against the signed Release all the same.
+APT_OPTS="-o Acquire::Check-Valid-Until=false"
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 # python3-pip and python3-setuptools let a test check `pip install ./python`
 # offline (--no-build-isolation). The ready stamp holds this list: a cached
@@ -44,7 +67,7 @@ build() {
 			mounts "$ENV_DIR"
 			trap unmounts EXIT
 			chroot "$ENV_DIR" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
-				sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
+				sh -c "apt-get $APT_OPTS update -qq && apt-get $APT_OPTS install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
 		)
 		printf '%s' "$PACKAGES" >"$ENV_DIR/.ckptkit-ready"
 		return 0
@@ -57,16 +80,20 @@ build() {
 	mkdir -p "$(dirname "$ENV_DIR")"
 	tmp=$ENV_DIR.building.$$
 	rm -rf "$tmp"
-	echo "torch-env: debootstrap trixie from $m into $tmp" >&2
-	debootstrap --variant=minbase trixie "$tmp" "$m" >&2
+	local script=()
+	if [[ ! -e /usr/share/debootstrap/scripts/$SUITE ]]; then
+		script=(/usr/share/debootstrap/scripts/sid)
+	fi
+	echo "torch-env: debootstrap $SUITE from $m into $tmp" >&2
+	debootstrap --variant=minbase "$SUITE" "$tmp" "$m" "${script[@]}" >&2
 	cp /etc/resolv.conf "$tmp/etc/resolv.conf" 2>/dev/null || true
 	(
 		mounts "$tmp"
 		trap unmounts EXIT
 		chroot "$tmp" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
-			sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
+			sh -c "apt-get $APT_OPTS update -qq && apt-get $APT_OPTS install -y -qq --no-install-recommends $PACKAGES && apt-get clean" >&2
+		chroot "$tmp" python3 -c 'import torch, numpy, safetensors, pytest; print("torch", torch.__version__)' >&2
 	)
-	chroot "$tmp" python3 -c 'import torch, numpy, safetensors, pytest; print("torch", torch.__version__)' >&2
 	printf '%s' "$PACKAGES" >"$tmp/.ckptkit-ready"
 	rm -rf "$ENV_DIR"
 	mv "$tmp" "$ENV_DIR"
@@ -101,6 +128,8 @@ run() {
 		return 2
 	fi
 	local root=$ENV_DIR
+	# torch's process-based async checkpointing resolves the host name.
+	cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 	# Per-invocation mount points: the repo at /run.PID/repo (cwd),
 	# ../shared at /run.PID/shared.
 	local inside=/run.$$
@@ -123,7 +152,7 @@ run() {
 		fi
 	done
 	chroot "$root" /usr/bin/env -i \
-		PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 USE_LIBUV=0 \
+		CKPTKIT_TORCH_SUITE="$SUITE" PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 USE_LIBUV=0 \
 		PYTHONPATH=$inside/repo/python PYTHONDONTWRITEBYTECODE=1 \
 		CKPTKIT_FIXTURES=$inside/shared/fixtures CKPTKIT_CKPT_BIN=$inside/repo/bin/ckpt \
 		"${pass[@]}" \
@@ -134,12 +163,13 @@ run() {
 case ${1:-} in
 build) build ;;
 status) [[ -f $ENV_DIR/.ckptkit-ready && $(cat "$ENV_DIR/.ckptkit-ready") == "$PACKAGES" ]] ;;
+version) run python3 -c 'import sys, torch; print(f"torch {torch.__version__}, Python {sys.version.split()[0]}")' 2>/dev/null ;;
 run)
 	shift
 	run "$@"
 	;;
 *)
-	echo "usage: $0 build|status|run CMD..." >&2
+	echo "usage: $0 [-s trixie|forky] build|status|version|run CMD..." >&2
 	exit 2
 	;;
 esac
