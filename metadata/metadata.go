@@ -66,6 +66,12 @@ type Checkpoint struct {
 	// format's Complete hook finds objects named per save by it. Never part
 	// of the native document (not encoded, not decoded).
 	SaveID string `json:"-"`
+	// Unchecked is set by a foreign format's Complete hook when the format
+	// recorded no CRC32C for its items (a DCP checkpoint written by torch
+	// itself, with no ckptkit integrity object): their stored bytes cannot
+	// be checked, only the objects' sizes. Native checkpoints are always
+	// checked. Never part of the native document.
+	Unchecked bool `json:"-"`
 	// MetadataCRC32C is the seal: the CRC32C of the document's bytes before
 	// this member, which is always the last (see Seal). Encode computes it;
 	// Decode checks it before decoding and leaves the stored value here.

@@ -1,7 +1,13 @@
 // Package transfer copies a committed checkpoint between any two stores
 // (fs -> s3, s3 -> gs, ...): data objects first, in parallel, streamed and
 // CRC-checked on the way, then the metadata object last, so an interrupted
-// copy never leaves a committed-looking checkpoint at the destination. A
+// copy, or one of a corrupt source, never leaves a committed-looking
+// checkpoint at the destination. Every item with a recorded CRC32C is
+// checked, whatever the format: a native checkpoint's chunks and values,
+// and a DCP checkpoint's items through ckptkit's integrity object. A
+// checkpoint that recorded none (DCP written by torch itself) is copied
+// with only its sizes checked and says so (Result.Unchecked), or is
+// refused with Options.RequireChecksums. A
 // copy that fails or is cancelled removes the data objects it completed
 // (in-flight uploads are aborted by the drivers) and its error says how far
 // it got.
@@ -31,6 +37,10 @@ import (
 // committed checkpoint and Options.Force is not set.
 var ErrDestinationCommitted = ckpterr.New(ckpterr.Conflict, "destination already holds a committed checkpoint")
 
+// ErrNoChecksums is returned, with Options.RequireChecksums, for a source
+// that recorded no CRC32C for its items (metadata.Checkpoint.Unchecked).
+var ErrNoChecksums = ckpterr.New(ckpterr.BadCheckpoint, "the checkpoint recorded no checksums")
+
 // Options tune a copy.
 type Options struct {
 	// Parallel bounds the objects copied at once (default 8).
@@ -41,6 +51,9 @@ type Options struct {
 	// Progress, when set, is called with the bytes copied so far and the
 	// total, from several goroutines.
 	Progress func(done, total int64)
+	// RequireChecksums refuses a source whose items have no recorded
+	// CRC32C (ErrNoChecksums) instead of copying it unchecked.
+	RequireChecksums bool
 }
 
 // Result describes a finished copy.
@@ -51,6 +64,10 @@ type Result struct {
 	Objects     int           `json:"objects"`
 	Bytes       int64         `json:"bytes"`
 	Duration    time.Duration `json:"duration_ns"`
+	// Unchecked: the source recorded no CRC32C for its items (a DCP
+	// checkpoint written by torch itself), so only the objects' sizes
+	// were checked.
+	Unchecked bool `json:"unchecked"`
 }
 
 // Copy copies the committed checkpoint at src to dst.
@@ -64,6 +81,9 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 		return nil, fmt.Errorf("copy %s: %w", src, err)
 	}
 	md := c.Metadata()
+	if md.Unchecked && opts.RequireChecksums {
+		return nil, fmt.Errorf("copy %s: %w: %s", src, ErrNoChecksums, UncheckedNote)
+	}
 	var total int64
 	for _, o := range md.Objects {
 		total += o.Size
@@ -111,8 +131,11 @@ func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, 
 		return nil, fmt.Errorf("copy %s to %s: commit metadata: %w", src, dst, err)
 	}
 	return &Result{Source: src.String(), Destination: dst.String(), Format: c.FormatName(), Objects: len(md.Objects) + 1,
-		Bytes: total + int64(len(raw)), Duration: time.Since(start)}, nil
+		Bytes: total + int64(len(raw)), Duration: time.Since(start), Unchecked: md.Unchecked}, nil
 }
+
+// UncheckedNote says what a copy of an Unchecked source could not check.
+const UncheckedNote = "its format recorded no CRC32C for its items (a DCP checkpoint written by torch itself, without ckptkit's integrity object), so no data byte could be checked, only the objects' sizes"
 
 // cleanupTimeout bounds the removal of a failed copy's data objects, which
 // runs on a fresh context because the copy's may be cancelled.
@@ -167,19 +190,20 @@ type crcRange struct {
 	crc            uint32
 }
 
-// chunkRanges lists, per object, the raw-encoded chunks and bytes entries
-// with their CRC32C, sorted by offset.
+// chunkRanges lists, per object, the chunks and bytes entries with their
+// CRC32C, sorted by offset: every item, of any encoding, unless the format
+// recorded none (md.Unchecked; raw items always have one).
 func chunkRanges(md *metadata.Checkpoint) map[string][]crcRange {
 	out := map[string][]crcRange{}
 	for _, t := range md.Tensors {
 		for _, ch := range t.Chunks {
-			if ch.Encoding == metadata.EncodingRaw {
+			if ch.Encoding == metadata.EncodingRaw || !md.Unchecked {
 				out[ch.Object] = append(out[ch.Object], crcRange{t.Key, ch.Offset, ch.Length, ch.CRC32C})
 			}
 		}
 	}
 	for _, b := range md.Bytes {
-		if b.Encoding == metadata.EncodingRaw {
+		if b.Encoding == metadata.EncodingRaw || !md.Unchecked {
 			out[b.Object] = append(out[b.Object], crcRange{b.Key, b.Offset, b.Length, b.CRC32C})
 		}
 	}

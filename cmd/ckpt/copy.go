@@ -19,10 +19,13 @@ type copyOutput struct {
 	Objects     int     `json:"objects"`
 	Bytes       int64   `json:"bytes"`
 	Seconds     float64 `json:"seconds"`
+	// Unchecked: the source recorded no checksums (DCP written by torch
+	// itself): only sizes were checked.
+	Unchecked bool `json:"unchecked"`
 }
 
 func newCopyCmd() *cobra.Command {
-	var asJSON, force bool
+	var asJSON, force, requireChecksums bool
 	var parallel int
 	cmd := &cobra.Command{
 		Use:   "copy SRC DST",
@@ -31,6 +34,12 @@ func newCopyCmd() *cobra.Command {
 s3 -> gs, ...). Data objects are streamed --parallel at a time and every
 chunk's CRC32C is checked on the way; the metadata object is written last,
 so an interrupted copy never leaves a committed-looking checkpoint.
+Every item with a recorded CRC32C is checked: all of a native checkpoint's,
+and all of a DCP checkpoint's written by ckptkit.torch.save (through its
+integrity object). A corrupt item stops the copy (exit 1) and nothing is
+committed at DST. A DCP checkpoint written by torch itself recorded no
+checksums: it is copied with a warning that no data byte could be checked,
+or refused (exit 1) with --require-checksums.
 A committed checkpoint at DST is refused (exit 6, conflict) unless --force.
 Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 		Example: `  ckpt copy ./runs/demo/step-00000012 s3://bucket/runs/demo/step-00000012
@@ -49,7 +58,7 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 				return err
 			}
 			defer dst.Close()
-			opts := transfer.Options{Parallel: parallel, Force: force}
+			opts := transfer.Options{Parallel: parallel, Force: force, RequireChecksums: requireChecksums}
 			p := newProgress(cmd, "copy")
 			opts.Progress = p.callback()
 			res, err := transfer.Copy(ctx, src, dst, opts)
@@ -60,8 +69,12 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 			if err != nil {
 				return err
 			}
+			if res.Unchecked {
+				inv(cmd).notef("warning: copied %s unchecked: %s (--require-checksums refuses such a copy)", safe(res.Source), transfer.UncheckedNote)
+			}
 			if asJSON {
-				emit(cmd, &copyOutput{Source: res.Source, Destination: res.Destination, Format: res.Format, Objects: res.Objects, Bytes: res.Bytes, Seconds: res.Duration.Seconds()})
+				emit(cmd, &copyOutput{Source: res.Source, Destination: res.Destination, Format: res.Format, Objects: res.Objects, Bytes: res.Bytes,
+					Seconds: res.Duration.Seconds(), Unchecked: res.Unchecked})
 				return nil
 			}
 			cmd.Printf("copied %s -> %s (%s, %d objects, %s, %s)\n", safe(res.Source), safe(res.Destination), safe(res.Format), res.Objects, humanBytes(res.Bytes), res.Duration.Round(time.Millisecond))
@@ -70,6 +83,7 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
 	cmd.Flags().BoolVar(&force, forceFlag, false, "replace a committed checkpoint at DST")
+	cmd.Flags().BoolVar(&requireChecksums, "require-checksums", false, "refuse a source that recorded no checksums (a DCP checkpoint written by torch itself)")
 	addParallelFlag(cmd, &parallel, "objects copied at once")
 	return cmd
 }

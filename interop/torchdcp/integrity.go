@@ -140,8 +140,8 @@ func integritySize(data []byte) (int64, error) {
 // c.Objects (so copies carry it). The object is the one of the save that
 // committed the metadata, IntegrityKeyFor(c.SaveID), or else (checkpoints
 // written before objects were named per save) IntegrityKey. A checkpoint
-// without either (written by torch itself) is left as is and reported
-// false. An object that does not cover every item is malformed.
+// without either (written by torch itself) is marked c.Unchecked and
+// reported false. An object that does not cover every item is malformed.
 func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	key := IntegrityKeyFor(c.SaveID)
 	head, err := read(key, 0, IntegrityHeaderSize)
@@ -155,6 +155,7 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 		if tag := SaveTag(c.SaveID); tag != "" && namedForSave(c, tag) {
 			return false, fmt.Errorf("%w: neither %s nor %s exists, but the data objects are named for save %s, which ckptkit writes with its CRC32Cs", ErrMissingIntegrity, IntegrityKeyFor(c.SaveID), IntegrityKey, tag)
 		}
+		c.Unchecked = true
 		return false, nil
 	}
 	if err != nil {
