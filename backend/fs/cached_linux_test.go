@@ -94,11 +94,15 @@ func TestCachedReadStopsWhereTheCacheEnds(t *testing.T) {
 		}
 		assert.True(t, bytes.Equal(data[r[0]:end], got), "range %v", r)
 	}
-	// A handle with the default read-ahead again, as the driver's own.
+	// Everything is cached now, but how much of it a non-blocking read
+	// serves is the kernel's choice: with other tests running it stopped
+	// after 484 KiB of a fully read file (a read-ahead marker or a locked
+	// folio makes RWF_NOWAIT give up), and the blocking read takes over,
+	// as it must. So only the bytes it copies are checked here.
 	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_NORMAL))
 	clear(buf)
-	assert.Equal(t, len(data), c.read(&d.noCached, buf, 0), "everything is cached now")
-	assert.True(t, bytes.Equal(data, buf))
+	n = c.read(&d.noCached, buf, 0)
+	assert.True(t, bytes.Equal(data[:n], buf[:n]))
 	assert.Equal(t, 0, c.read(&d.noCached, buf[:10], int64(len(data))), "nothing past the end")
 	assert.False(t, d.noCached.Load())
 }
