@@ -201,7 +201,7 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
         sd[k] = v
     url = step_url(run_url, step)
     if async_save:
-        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options)
+        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options, census)
     if staging_bytes is not None:
         raise UsageError("staging_bytes is a parameter of async_save=True")
     prev = _async.current_saver()
@@ -216,7 +216,7 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
 _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
 
 
-def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options):
+def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, census=None):
     unknown = set(writer_options) - _ASYNC_OPTIONS
     if unknown:
         raise UsageError(f"async_save=True takes {sorted(_ASYNC_OPTIONS)}, not {sorted(unknown)}")
@@ -240,6 +240,10 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options):
             "overwrite": bool(writer_options.get("overwrite", False)),
             "concurrency": int(writer_options.get("concurrency", 0)),
             "max_object_bytes": int(writer_options.get("part_size", 0))}
+    if census:
+        # The slot names the optimizer's state holds (the native metadata's
+        # optimizer_slots; the Go saver's default is AdamW's).
+        spec["optimizer_slots"] = sorted({s for slots in census.values() for s in slots or ()})
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # Ranks are processes: the Go saver of each coordinates through
         # objects under the run's _coord/ prefix, in a session rank 0 names.
@@ -371,6 +375,21 @@ def _local(t):
         _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
         return t.to_local(), list(t.shape), list(offsets)
     return t, list(t.shape), None
+
+
+def _like(v, template):
+    """A loaded value v with the Python types of the target's value template
+    where the stored form lost them: the Go core hands values over as JSON,
+    in which a float with an integral value reads back as an int (a
+    float step 3.0 as 3) and a tuple as a list."""
+    if isinstance(template, float) and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(template, (tuple, list)) and isinstance(v, (list, tuple)):
+        items = [_like(x, t) for x, t in zip(v, template)] if len(v) == len(template) else list(v)
+        return tuple(items) if isinstance(template, tuple) else items
+    if isinstance(template, dict) and isinstance(v, dict):
+        return {k: _like(x, template.get(k)) for k, x in v.items()}
+    return v
 
 
 def _decode_bytes(raw):
@@ -539,7 +558,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     values = {}
     for k, b64 in (rep.get("bytes") or [{}])[0].items():
         if b64 is not None:
-            values[k] = _decode_bytes(base64.b64decode(b64))
+            values[k] = _like(_decode_bytes(base64.b64decode(b64)), flat.get(k))
     for k, v in values.items():
         flat[k] = v
     nested = unflatten_state_dict(flat, mapping)
@@ -622,8 +641,6 @@ def _apply_optimizer(model, optimizer, loaded, lazy):
                     continue
                 if k not in g:
                     g[k] = v
-                elif isinstance(v, tuple) and isinstance(g[k], list):
-                    g[k] = tuple(g[k])  # JSON (the native format) has no tuples
             ids = []
             for f in names:
                 if f not in lazy and f in loaded["state"]:
