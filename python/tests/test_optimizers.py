@@ -12,6 +12,7 @@ from the saved state) refused with PartialStateError naming the key, before
 anything changes."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 import ckptkit
 from ckptkit.torch import StorageWriter, resume, save, step_url
 from ckptkit.torch import _census, _optimizer_state
+from ckptkit.torch._storage import census_members, decode_integrity
 
 from models import TinyMoE
 
@@ -53,6 +55,15 @@ class FloatStepMomentum(torch.optim.Optimizer):
                     st["buf"].mul_(g["beta"]).add_(p.grad)
                     d = st["buf"]
                 p.add_(d, alpha=-g["lr"] / st["step"] ** 0.5)
+
+
+class ConfiguredMomentum(FloatStepMomentum):
+    """Its constructor takes a config object, neither the param groups'
+    hyper-parameters nor none: the scratch optimizer resume learns the fresh
+    state from is built the way unpickling builds one."""
+
+    def __init__(self, params, config):
+        torch.optim.Optimizer.__init__(self, params, {"lr": config["lr"], "beta": config["beta"]})
 
 
 def _matrices(m):
@@ -97,6 +108,7 @@ CASES = {
         lambda m: FloatStepMomentum([{"params": _experts(m) + _matrices(m)[:1]},
                                      {"params": [p for p in _non_experts(m)[1:]], "beta": 0.0}], lr=0.02),
         "step", None),
+    "third_party_config_ctor": (lambda m: ConfiguredMomentum(m.parameters(), {"lr": 0.02, "beta": 0.8}), "buf", None),
 }
 
 
@@ -266,3 +278,49 @@ def test_fresh_state_leaves_the_optimizer_and_the_rng_alone(file_url):
         resume(step_url(file_url, 3), m2, opt2, scheduler=sched2, extra_state={"absent": torch.zeros(2)})
     assert torch.equal(rng, torch.get_rng_state())
     _assert_same(before, _state(m2, opt2, sched2))
+
+
+def _integrity_body(path):
+    (name,) = [n for n in os.listdir(path) if n.startswith(".ckptkit-integrity")]
+    with open(os.path.join(path, name), "rb") as f:
+        return decode_integrity(f.read())[1]
+
+
+def test_save_records_the_census_of_the_optimizer_state(file_url):
+    """ct.save's integrity object records each parameter's slot set (an
+    index into the distinct sets), -1 for the lazily absent ones."""
+    m, opt, sched = _make(CASES["adamw_amsgrad_one_group"][0])
+    _train(m, opt, sched, BEFORE, seed=1)
+    save(file_url, m, opt, step=3, scheduler=sched)
+    body = _integrity_body(file_url[len("file://"):] + "/step-00000003")
+    names = sorted(n for n, _ in m.named_parameters())
+    assert body["params"] == names
+    got = {f: None if i < 0 else body["slot_sets"][i] for f, i in zip(body["params"], body["param_slots"])}
+    for f in names:
+        if f.startswith("experts.1."):
+            assert got[f] is None, f
+        elif f.startswith("experts.0."):
+            assert got[f] == ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"], f
+        else:
+            assert got[f] == ["exp_avg", "exp_avg_sq", "step"], f
+    assert len(body["slot_sets"]) == 2
+    # Without an optimizer, and with a standalone writer, there is none.
+    save(file_url, m, step=4)
+    assert "params" not in _integrity_body(file_url[len("file://"):] + "/step-00000004")
+    dcp.save({"model": m.state_dict()}, storage_writer=StorageWriter(step_url(file_url, 5)))
+    body = _integrity_body(file_url[len("file://"):] + "/step-00000005")
+    assert not {"params", "slot_sets", "param_slots"} & body.keys()
+
+
+def test_census_forms():
+    by_fqn = {"b": ["step", "exp_avg"], "a": ("exp_avg", "step", "step"), "c": None, "d": [], "é": ["z", "B"]}
+    want = {"params": ["a", "b", "c", "d", "é"], "slot_sets": [["exp_avg", "step"], [], ["B", "z"]],
+            "param_slots": [0, 0, -1, 1, 2]}
+    assert census_members(by_fqn) == want
+    assert census_members(want) == want
+    for bad in ({"params": ["a"], "slot_sets": [], "param_slots": [0]}, {"a": "step"}, {"a": [1]}, ["a"],
+                {"params": ["a", "a"], "slot_sets": [["x"]], "param_slots": [0, 0]}):
+        with pytest.raises(ckptkit.UsageError):
+            census_members(bad)
+    with pytest.raises(ckptkit.UsageError):
+        StorageWriter("mem://x/y", census={"a": "step"})
