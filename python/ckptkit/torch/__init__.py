@@ -7,7 +7,8 @@ as one call.
     rep = resume("s3://b/run7?endpoint=...", model, optim, scheduler=sched)
     start = 0 if rep is None else rep.step
 
-Supported: torch >= 2.4 (tested on 2.6); plain modules, DDP, and
+Supported: torch >= 2.4 (tested on 2.6 and 2.14); any torch.optim.Optimizer
+(or one following its protocol) or a list of them; plain modules, DDP, and
 DTensor-sharded parameters (the FSDP2 layout), on any world size; resuming on
 another world size. docs/TORCH.md documents it.
 """
@@ -32,11 +33,11 @@ from ckptkit.errors import (
 
 from . import _async
 from ._async import AsyncSave, AsyncSaver
-from ._storage import Checkpoint, StorageReader, StorageWriter, decode_integrity, encode_integrity
+from ._storage import Checkpoint, StorageReader, StorageWriter, census_members, decode_integrity, encode_integrity
 
 __all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
            "AsyncSave", "AsyncSaver",
-           "encode_integrity", "decode_integrity"]
+           "encode_integrity", "decode_integrity", "census_members"]
 
 log = logging.getLogger("ckptkit")
 
@@ -170,6 +171,10 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     unless save_optimizer=False, which still saves the step and the
     scheduler and records the optimizer as deliberately omitted), the
     scheduler, the step and extra_state (a dict of further top-level keys).
+    optimizer is a torch.optim.Optimizer (or one following its protocol) or
+    a list or tuple of them, saved as one merged state (the layout of
+    torch's get_optimizer_state_dict(model, [o1, o2])); the integrity object
+    records its census (each parameter's slot names).
 
     By default it writes a DCP checkpoint through StorageWriter and returns
     the checkpoint URL once committed. With async_save=True the Go core's
@@ -406,6 +411,13 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     from the newest committed checkpoint of the run at url that verifies (as
     `ckpt latest`); returns a ResumeReport, or None when the run has no
     committed checkpoint.
+
+    optimizer is what save took (an optimizer, or a list of them in the
+    same order). Each parameter's expected optimizer state is what the
+    optimizer's own step makes for it (learnt from a scratch optimizer of
+    the same class over scratch parameters, touching neither the optimizer
+    nor the model). Param-group and scheduler fields the checkpoint lacks
+    (added by a newer torch) keep their current values (``kept_fields``).
 
     The Go core applies every rule of docs/RESUME.md and reads and checks
     every byte before anything is modified: lazily absent optimizer state is
