@@ -251,10 +251,12 @@ type loadSpec struct {
 		Tensors []tensorSpec `json:"tensors"`
 		Bytes   []string     `json:"bytes"`
 	} `json:"targets"`
-	NoLoadOptimizer bool     `json:"no_load_optimizer"`
-	ModelPrefix     string   `json:"model_prefix"`
-	OptimizerPrefix string   `json:"optimizer_prefix"`
-	OptimizerSlots  []string `json:"optimizer_slots"`
+	NoLoadOptimizer bool   `json:"no_load_optimizer"`
+	ModelPrefix     string `json:"model_prefix"`
+	OptimizerPrefix string `json:"optimizer_prefix"`
+	// OptimizerSlots is accepted and ignored (older Python packages send
+	// it): each parameter's slots are those its target holds.
+	OptimizerSlots []string `json:"optimizer_slots"`
 	// ParamGroups are the optimizer's param groups (each the fqns of its
 	// parameters, in group order), checked against the checkpoint's before
 	// any buffer is written (loader.Options.ParamGroups).
@@ -314,7 +316,7 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 		return fail(err, cls, rule, msg)
 	}
 	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
-		OptimizerSlots: ls.OptimizerSlots, ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
+		ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
 		// Without a fallback the Python resume promises that a failed load
 		// leaves the caller's tensors as they were; with one, every
 		// attempt overwrites every target, so one pass is enough.

@@ -143,7 +143,7 @@ func Cases() []string {
 }
 
 func allCases() []testCase {
-	return append(expandStorage(append(storageCases, delimiterCases...)), checkpointCases...)
+	return append(append(expandStorage(append(storageCases, delimiterCases...)), checkpointCases...), optimizerCases...)
 }
 
 // UnknownSkips returns the keys of h.Skip that name no case, sorted.

@@ -32,8 +32,11 @@ type Options struct {
 	// the target (defaults "model" and "optimizer"). Per-parameter state is
 	// "<OptimizerPrefix>.state.<fqn>.<slot>".
 	ModelPrefix, OptimizerPrefix string
-	// OptimizerSlots are the per-parameter slot names (default AdamW's
-	// "step", "exp_avg", "exp_avg_sq").
+	// OptimizerSlots is ignored: each parameter's expected slots are the
+	// ones its target holds (the resuming optimizer's fresh state), for
+	// any optimizer (docs/RESUME.md).
+	//
+	// Deprecated: the target says which slots each parameter has.
 	OptimizerSlots []string
 	// ParamGroups, when not nil, are the param groups of the target's
 	// optimizer, in order: the fqns of each group's parameters. A load
@@ -98,9 +101,6 @@ func (o *Options) defaults() {
 	}
 	if o.OptimizerPrefix == "" {
 		o.OptimizerPrefix = statedict.DefaultOptimizerPrefix
-	}
-	if len(o.OptimizerSlots) == 0 {
-		o.OptimizerSlots = statedict.AdamWSlots()
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 8

@@ -91,11 +91,25 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 			}
 		}
 	} else {
-		// Rules 1-3: lazily absent, partial, layout mismatch.
+		// Rules 1-3: lazily absent, partial, layout mismatch, judged per
+		// parameter: a target parameter's expected slots are those its
+		// target (the resuming optimizer's fresh state) holds, whatever
+		// the optimizer (docs/RESUME.md, Per-parameter rules).
+		var targetFqns []string
+		model := statedict.ModelKey(opts.ModelPrefix, "")
+		for _, k := range keys {
+			if fqn, ok := strings.CutPrefix(k, model); ok {
+				targetFqns = append(targetFqns, fqn)
+			}
+		}
+		for _, g := range opts.ParamGroups {
+			targetFqns = append(targetFqns, g...)
+		}
+		sk := stateKeys(md, opts.OptimizerPrefix, opts.ModelPrefix, targetFqns...)
 		type paramSlots struct{ want, have []string }
 		params := map[string]*paramSlots{}
 		for _, k := range keys {
-			fqn, _, ok := statedict.SplitStateKey(k, opts.OptimizerPrefix, opts.OptimizerSlots)
+			fqn, _, ok := sk.Split(k)
 			if !ok {
 				continue
 			}
@@ -109,10 +123,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 				p.have = append(p.have, k)
 			}
 		}
-		// The checkpoint side too: every parameter with some saved state must
-		// have every slot that the checkpoint holds for any parameter, whether
-		// or not the target asks for it (corruption anywhere is refused).
-		ckptParams, observed := savedSlots(md, opts.OptimizerPrefix, opts.OptimizerSlots)
+		ckptParams := savedSlots(md, sk)
 		fqns := make([]string, 0, len(params))
 		for f := range params {
 			fqns = append(fqns, f)
@@ -136,11 +147,18 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 				}
 			}
 		}
-		for fqn, saved := range ckptParams {
-			for _, slot := range observed {
-				k := statedict.StateKey(opts.OptimizerPrefix, fqn, slot)
-				if !slices.Contains(saved, slot) && !slices.Contains(partialBy[fqn], k) {
-					partialBy[fqn] = append(partialBy[fqn], k)
+		// The checkpoint side: corruption anywhere is refused, whether or
+		// not this target asks for the parameter (a target built from the
+		// metadata asks only for what is there): by the slot census where
+		// the writer recorded one, else by the subset rule.
+		{
+			missing, _ := partialSaved(md, ckptParams)
+			for fqn, slots := range missing {
+				for _, slot := range slots {
+					k := statedict.StateKey(opts.OptimizerPrefix, fqn, slot)
+					if !slices.Contains(partialBy[fqn], k) {
+						partialBy[fqn] = append(partialBy[fqn], k)
+					}
 				}
 			}
 		}
@@ -289,27 +307,6 @@ func compare(md *metadata.Checkpoint, sd *statedict.StateDict, key string, rank 
 		return fmt.Sprintf("%q: rank %d target: %v", key, rank, err)
 	}
 	return ""
-}
-
-// savedSlots returns, per parameter, the optimizer slots the checkpoint
-// holds for it, and the slots (of slots, in that order) held for any
-// parameter: what every parameter with saved state must have.
-func savedSlots(md *metadata.Checkpoint, optimizerPrefix string, slots []string) (map[string][]string, []string) {
-	per := map[string][]string{}
-	seen := map[string]bool{}
-	forEachKey(md, func(k string) {
-		if fqn, slot, ok := statedict.SplitStateKey(k, optimizerPrefix, slots); ok {
-			per[fqn] = append(per[fqn], slot)
-			seen[slot] = true
-		}
-	})
-	var observed []string
-	for _, s := range slots {
-		if seen[s] {
-			observed = append(observed, s)
-		}
-	}
-	return per, observed
 }
 
 func orNone(keys []string) string {

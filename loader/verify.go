@@ -87,12 +87,16 @@ type VerifyOptions struct {
 	// Deep reads every byte and checks every CRC32C (or decodes foreign
 	// chunks).
 	Deep bool
-	// OptimizerPrefix and OptimizerSlots default to the checkpoint's
-	// training-state record, then to statedict.DefaultOptimizerPrefix and
-	// AdamW's slots.
+	// OptimizerPrefix defaults to the checkpoint's training-state record,
+	// then to statedict.DefaultOptimizerPrefix.
 	OptimizerPrefix string
-	OptimizerSlots  []string
-	Concurrency     int
+	// OptimizerSlots is ignored: each parameter's slots are judged by the
+	// checkpoint's slot census, or the subset rule (docs/RESUME.md).
+	//
+	// Deprecated: slot names are read from the keys, for any optimizer.
+	OptimizerSlots []string
+	// Concurrency bounds concurrent reads of a deep verify (default 8).
+	Concurrency int
 	// Progress, when set, is called with the bytes checked so far and the
 	// total during a deep verify, from several goroutines.
 	Progress func(done, total int64)
@@ -142,13 +146,6 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 	if prefix == "" {
 		prefix = statedict.DefaultOptimizerPrefix
 	}
-	slots := opts.OptimizerSlots
-	if len(slots) == 0 {
-		slots = md.Training.OptimizerSlots
-	}
-	if len(slots) == 0 {
-		slots = statedict.AdamWSlots()
-	}
 	add := func(f Finding) { rep.Problems = append(rep.Problems, f) }
 
 	// Objects: one listing, compared against the metadata.
@@ -179,35 +176,33 @@ func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts Ver
 		}
 	}
 
-	// Optimizer state: partial, lazily absent, layout.
+	// Optimizer state: partial, lazily absent, layout, per parameter:
+	// exactly by the slot census when the writer recorded one, otherwise
+	// by the subset rule within each param group (docs/RESUME.md).
 	statePrefix := statedict.StatePrefix(prefix)
-	// A parameter with some saved state must have every slot saved for
-	// any parameter (slots no parameter has are not this optimizer's).
-	params, observed := savedSlots(md, prefix, slots)
+	modelPrefix := md.Training.ModelPrefix
+	if modelPrefix == "" {
+		modelPrefix = statedict.DefaultModelPrefix
+	}
+	params := savedSlots(md, stateKeys(md, prefix, modelPrefix))
 	switch md.Training.Optimizer {
 	case metadata.OptimizerOmitted:
 		rep.Info = append(rep.Info, Finding{Rule: RuleOptimizerOmitted, Message: "optimizer state was deliberately not saved; a resume restores iteration and scheduler and starts the optimizer fresh"})
 	case metadata.OptimizerSaved:
-		fqns := make([]string, 0, len(params))
-		for f := range params {
-			fqns = append(fqns, f)
+		partial, census := partialSaved(md, params)
+		how := "the other parameters of its param group hold"
+		if census {
+			how = "the checkpoint's slot census records"
 		}
-		sort.Strings(fqns)
-		for _, fqn := range fqns {
-			have := params[fqn]
-			var missing []string
-			for _, s := range observed {
-				if !contains(have, s) {
-					missing = append(missing, statedict.StateKey(prefix, fqn, s))
-				}
+		for _, fqn := range sortedKeys(partial) {
+			var have, missing []string
+			for _, s := range params[fqn] {
+				have = append(have, statedict.StateKey(prefix, fqn, s))
 			}
-			if len(missing) > 0 {
-				add(Finding{Rule: RulePartialOptimizer, Key: statePrefix + fqn, Message: fmt.Sprintf("parameter %q has optimizer slots %s but lacks %s", fqn, strings.Join(have, ", "), strings.Join(missing, ", "))})
+			for _, s := range partial[fqn] {
+				missing = append(missing, statedict.StateKey(prefix, fqn, s))
 			}
-		}
-		modelPrefix := md.Training.ModelPrefix
-		if modelPrefix == "" {
-			modelPrefix = statedict.DefaultModelPrefix
+			add(Finding{Rule: RulePartialOptimizer, Key: statePrefix + fqn, Message: fmt.Sprintf("parameter %q has optimizer slots %s but lacks %s (which %s)", fqn, orNone(have), strings.Join(missing, ", "), how)})
 		}
 		lazy, matched := lazyParams(md, params, modelPrefix)
 		entries := md.Training.OptimizerStateEntries
@@ -269,15 +264,6 @@ func lazyParams(md *metadata.Checkpoint, withState map[string][]string, modelPre
 		}
 	}
 	return lazy, matched
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // deepBatchChunks is how many chunks deepCheck plans and reads at a time:

@@ -341,6 +341,9 @@ func (c *Checkpoint) Validate() error {
 			return bad("$.training.params[%d]: params not sorted or duplicated at %q", i, p)
 		}
 	}
+	if err := c.Training.CheckCensus(); err != nil {
+		return err
+	}
 	switch c.Training.Optimizer {
 	case OptimizerSaved, OptimizerOmitted, OptimizerNone:
 	default:
@@ -364,6 +367,41 @@ func (c *Checkpoint) BytesValue(key string) *BytesEntry {
 	i := sort.Search(len(c.Bytes), func(i int) bool { return c.Bytes[i].Key >= key })
 	if i < len(c.Bytes) && c.Bytes[i].Key == key {
 		return &c.Bytes[i]
+	}
+	return nil
+}
+
+// CheckCensus checks the slot census (training.slot_sets and
+// training.param_slots): one index per recorded parameter, each -1 or a
+// set's index; each set non-empty, sorted bytewise, distinct names. The
+// error matches ErrInvalid and names the JSON path.
+func (t *TrainingState) CheckCensus() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+	}
+	if len(t.SlotSets) == 0 && len(t.ParamSlots) == 0 {
+		return nil
+	}
+	if len(t.ParamSlots) != len(t.Params) {
+		return bad("$.training.param_slots has %d entries for %d params (one per entry of $.training.params)", len(t.ParamSlots), len(t.Params))
+	}
+	for i, set := range t.SlotSets {
+		if len(set) == 0 {
+			return bad("$.training.slot_sets[%d] is empty (a parameter without state has param_slots -1)", i)
+		}
+		for j, s := range set {
+			if s == "" || !utf8.ValidString(s) {
+				return bad("$.training.slot_sets[%d][%d] %q is empty or not valid UTF-8", i, j, s)
+			}
+			if j > 0 && set[j-1] >= s {
+				return bad("$.training.slot_sets[%d][%d]: slots not sorted or duplicated at %q", i, j, s)
+			}
+		}
+	}
+	for i, j := range t.ParamSlots {
+		if j < -1 || j >= len(t.SlotSets) {
+			return bad("$.training.param_slots[%d] is %d, want -1 or an index of $.training.slot_sets (%d sets)", i, j, len(t.SlotSets))
+		}
 	}
 	return nil
 }

@@ -165,3 +165,38 @@ func TestValidateRefusesOverflowAndForeignEncodings(t *testing.T) {
 		require.ErrorIs(t, err, metadata.ErrInvalid, name)
 	}
 }
+
+// The slot census round-trips (SetCensus, Encode, Decode, Census) and a
+// census that breaks its rules is refused, naming the JSON path.
+func TestSlotCensus(t *testing.T) {
+	c := sample()
+	c.Training.Optimizer = metadata.OptimizerSaved
+	c.Training.Params = []string{"b", "w", "x"}
+	c.Training.SetCensus(map[string][]string{"w": {"step", "row_var", "col_var"}, "b": {"variance", "step"}})
+	require.Equal(t, [][]string{{"step", "variance"}, {"col_var", "row_var", "step"}}, c.Training.SlotSets)
+	require.Equal(t, []int{0, 1, -1}, c.Training.ParamSlots)
+	enc, err := metadata.Encode(c)
+	require.NoError(t, err)
+	require.Contains(t, string(enc), `"slot_sets":[["step","variance"],["col_var","row_var","step"]],"param_slots":[0,1,-1]`)
+	got, err := metadata.Decode(enc)
+	require.NoError(t, err)
+	require.Equal(t, map[string][]string{"b": {"step", "variance"}, "w": {"col_var", "row_var", "step"}, "x": nil}, got.Training.Census())
+
+	for _, bad := range []struct {
+		edit func(*metadata.TrainingState)
+		path string
+	}{
+		{func(ts *metadata.TrainingState) { ts.ParamSlots = ts.ParamSlots[:2] }, "$.training.param_slots has 2 entries for 3 params"},
+		{func(ts *metadata.TrainingState) { ts.ParamSlots[2] = 2 }, "$.training.param_slots[2] is 2"},
+		{func(ts *metadata.TrainingState) { ts.SlotSets[1] = []string{"step", "col_var"} }, "$.training.slot_sets[1][1]"},
+		{func(ts *metadata.TrainingState) { ts.SlotSets = append(ts.SlotSets, []string{}) }, "$.training.slot_sets[2] is empty"},
+	} {
+		c := sample()
+		c.Training.Params = []string{"b", "w", "x"}
+		c.Training.SetCensus(map[string][]string{"w": {"step", "row_var", "col_var"}, "b": {"variance", "step"}})
+		bad.edit(&c.Training)
+		_, err := metadata.Encode(c)
+		require.ErrorIs(t, err, metadata.ErrInvalid)
+		require.Contains(t, err.Error(), bad.path)
+	}
+}

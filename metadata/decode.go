@@ -86,6 +86,8 @@ const (
 	trainSchedulerPrefix
 	trainModelPrefix
 	trainParams
+	trainSlotSets
+	trainParamSlots
 )
 
 var (
@@ -108,7 +110,7 @@ func init() {
 		{chunkSchema, []string{"offsets", "sizes", "object", "offset", "length", "crc32c", "encoding"}},
 		{bytesSchema, []string{"key", "object", "offset", "length", "crc32c", "encoding"}},
 		{objectSchema, []string{"key", "size"}},
-		{trainingSchema, []string{"iteration", "optimizer", "optimizer_prefix", "optimizer_slots", "optimizer_state_entries", "scheduler_prefix", "model_prefix", "params"}},
+		{trainingSchema, []string{"iteration", "optimizer", "optimizer_prefix", "optimizer_slots", "optimizer_state_entries", "scheduler_prefix", "model_prefix", "params", "slot_sets", "param_slots"}},
 	} {
 		var got []string
 		for _, m := range c.sc.members {
@@ -129,6 +131,8 @@ const (
 	minBytesBytes  = 55
 	minObjectBytes = 20
 	minStringBytes = 3
+	minArrayBytes  = 3 // [],
+	minIntBytes    = 2 // 0,
 	// countAfterBytes is the size from which an array's remaining
 	// elements are counted ahead (below it, append's growth is cheap).
 	countAfterBytes = 16 << 20
@@ -357,6 +361,16 @@ func trainingField(d *decoder, t *TrainingState, i int) (err error) {
 		t.ModelPrefix, err = d.string()
 	case trainParams:
 		t.Params, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
+	case trainSlotSets:
+		t.SlotSets, err = decodeArray(d, minArrayBytes, func(d *decoder, set *[]string) (err error) {
+			*set, err = decodeArray(d, minStringBytes, stringElem, nil, 0)
+			return err
+		}, nil, 0)
+	case trainParamSlots:
+		t.ParamSlots, err = decodeArray(d, minIntBytes, func(d *decoder, n *int) (err error) {
+			*n, err = d.int()
+			return err
+		}, nil, 0)
 	}
 	return err
 }

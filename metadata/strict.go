@@ -104,6 +104,8 @@ func schemaOf(t reflect.Type, what string) *schema {
 				m.elem = kindNumber
 			case et.Kind() == reflect.Struct:
 				m.elem, m.obj = kindObject, schemaOf(et, strings.TrimSuffix(name, "s"))
+			case et.Kind() == reflect.Slice:
+				m.elem = kindArray // of strings: training.slot_sets
 			default:
 				panic(fmt.Sprintf("metadata: field %s.%s: unsupported element type %s", t.Name(), f.Name, et))
 			}

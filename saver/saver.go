@@ -62,7 +62,9 @@ type Options struct {
 	// ModelPrefix, OptimizerPrefix and SchedulerPrefix name the top-level
 	// key prefixes (defaults "model", "optimizer", "scheduler").
 	ModelPrefix, OptimizerPrefix, SchedulerPrefix string
-	// OptimizerSlots are the per-parameter slot names (default AdamW's).
+	// OptimizerSlots are recorded as training.optimizer_slots (default
+	// AdamW's), for information only: what each parameter saved is recorded
+	// from its keys (the slot census, docs/FORMAT.md), for any optimizer.
 	OptimizerSlots []string
 	// Params are the fqns of the parameters the optimizer updates (its
 	// param groups' params), recorded in the training-state record so a
@@ -737,5 +739,28 @@ func trainingRecord(md *metadata.Checkpoint, opts Options) metadata.TrainingStat
 	default:
 		ts.Optimizer = metadata.OptimizerNone
 	}
+	if ts.Optimizer == metadata.OptimizerSaved && len(ts.Params) > 0 {
+		ts.SetCensus(slotCensus(md, ts))
+	}
 	return ts
+}
+
+// slotCensus returns the slot names saved for each parameter of ts.Params:
+// what a reader without the optimizer judges each parameter's state by
+// (training.slot_sets, docs/FORMAT.md).
+func slotCensus(md *metadata.Checkpoint, ts metadata.TrainingState) map[string][]string {
+	keys := statedict.NewStateKeys(ts.OptimizerPrefix, ts.Params...)
+	slots := map[string][]string{}
+	note := func(k string) {
+		if fqn, slot, ok := keys.Split(k); ok {
+			slots[fqn] = append(slots[fqn], slot)
+		}
+	}
+	for _, t := range md.Tensors {
+		note(t.Key)
+	}
+	for _, b := range md.Bytes {
+		note(b.Key)
+	}
+	return slots
 }

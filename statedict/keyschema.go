@@ -31,7 +31,8 @@ const (
 	// ParamsField is the param-group field listing the group's parameters.
 	ParamsField = "params"
 
-	// SlotStep, SlotExpAvg and SlotExpAvgSq are AdamW's per-parameter slots.
+	// SlotStep, SlotExpAvg and SlotExpAvgSq are AdamW's per-parameter
+	// slots (other optimizers have others: StateKeys needs none of them).
 	SlotStep     = "step"
 	SlotExpAvg   = "exp_avg"
 	SlotExpAvgSq = "exp_avg_sq"
@@ -52,8 +53,65 @@ func StateKey(optimizerPrefix, fqn, slot string) string {
 	return StatePrefix(optimizerPrefix) + fqn + "." + slot
 }
 
+// StateKeys splits per-parameter optimizer state keys,
+// "<optimizerPrefix>.state.<fqn>.<slot>", into parameter and slot for any
+// optimizer: the fqn is the longest known parameter name the key continues
+// with a dot (so a parameter "a.b" and a slot "exp_avg" are told apart
+// from a parameter "a" and a slot "b.exp_avg"); a key of no known
+// parameter splits at its last dot. The known names are those the caller
+// adds (the checkpoint's recorded parameter set, its model keys, the load
+// target's): slot names are never assumed, so an optimizer's slots are
+// whatever its state holds (Adafactor's row_var, col_var and variance,
+// SGD's momentum_buffer, a nested value's dotted path).
+type StateKeys struct {
+	prefix string
+	fqns   map[string]struct{}
+}
+
+// NewStateKeys returns a splitter for the state keys under optimizerPrefix
+// knowing fqns (more can be added with Add).
+func NewStateKeys(optimizerPrefix string, fqns ...string) *StateKeys {
+	s := &StateKeys{prefix: StatePrefix(optimizerPrefix), fqns: make(map[string]struct{}, len(fqns))}
+	s.Add(fqns...)
+	return s
+}
+
+// Add makes fqns known parameter names.
+func (s *StateKeys) Add(fqns ...string) {
+	for _, f := range fqns {
+		if f != "" {
+			s.fqns[f] = struct{}{}
+		}
+	}
+}
+
+// Split parses key as "<optimizerPrefix>.state.<fqn>.<slot>"; ok is false
+// for a key outside the per-parameter state or without a slot.
+func (s *StateKeys) Split(key string) (fqn, slot string, ok bool) {
+	rest, found := strings.CutPrefix(key, s.prefix)
+	if !found {
+		return "", "", false
+	}
+	for i := len(rest) - 1; i > 0; i-- {
+		if rest[i] != '.' {
+			continue
+		}
+		if _, known := s.fqns[rest[:i]]; known && i < len(rest)-1 {
+			return rest[:i], rest[i+1:], true
+		}
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i <= 0 || i == len(rest)-1 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
+}
+
 // SplitStateKey parses "<optimizerPrefix>.state.<fqn>.<slot>" for one of
 // slots (a key of another slot is not this optimizer's state).
+//
+// Deprecated: slot names are not known in advance for every optimizer;
+// use StateKeys, which splits by parameter names.
 func SplitStateKey(key, optimizerPrefix string, slots []string) (fqn, slot string, ok bool) {
 	rest, found := strings.CutPrefix(key, StatePrefix(optimizerPrefix))
 	if !found {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,6 +77,14 @@ type Integrity struct {
 	// Optimizer is the training-state record's optimizer part: "saved",
 	// "omitted" (save_optimizer=False) or "none".
 	Optimizer string `json:"optimizer,omitempty"`
+	// Params, SlotSets and ParamSlots are the slot census, as in the
+	// native format's training record (docs/FORMAT.md, The slot census):
+	// the optimizer's parameters (sorted), the distinct sets of slot names
+	// they saved, and each parameter's set (-1: no saved state). Absent
+	// when the writer did not know the optimizer's state.
+	Params     []string   `json:"params,omitempty"`
+	SlotSets   [][]string `json:"slot_sets,omitempty"`
+	ParamSlots []int      `json:"param_slots,omitempty"`
 }
 
 // IntegrityItem is one stored item's range and checksum.
@@ -210,6 +219,16 @@ func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	sort.Slice(c.Objects, func(i, j int) bool { return c.Objects[i].Key < c.Objects[j].Key })
 	if in.Optimizer == metadata.OptimizerOmitted && c.Training.Optimizer == metadata.OptimizerNone {
 		c.Training.Optimizer = metadata.OptimizerOmitted
+	}
+	if len(in.ParamSlots) > 0 || len(in.SlotSets) > 0 {
+		census := metadata.TrainingState{Params: in.Params, SlotSets: in.SlotSets, ParamSlots: in.ParamSlots}
+		if !slices.IsSorted(in.Params) || len(slices.Compact(slices.Clone(in.Params))) != len(in.Params) {
+			return false, malformed("integrity object %s: params are not sorted and distinct", ikey)
+		}
+		if err := census.CheckCensus(); err != nil {
+			return false, malformed("integrity object %s: %v", ikey, err)
+		}
+		c.Training.Params, c.Training.SlotSets, c.Training.ParamSlots = in.Params, in.SlotSets, in.ParamSlots
 	}
 	return true, nil
 }

@@ -12,6 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,12 +23,20 @@ import (
 	"github.com/ckptkit/ckptkit/interop/torchdcp"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/statedict"
 )
 
 // withIntegrity copies fixture dense2 into a temporary directory and writes
 // an integrity object for it (all items, or all but the first when
 // dropOne), as ckptkit's StorageWriter would.
 func withIntegrity(t *testing.T, dropOne bool, optimizer string) (string, *metadata.Checkpoint) {
+	t.Helper()
+	return withIntegrityEdit(t, dropOne, optimizer, nil)
+}
+
+// withIntegrityEdit is withIntegrity with edit applied to the integrity
+// object before it is written (edit gets the checkpoint's metadata too).
+func withIntegrityEdit(t *testing.T, dropOne bool, optimizer string, edit func(*torchdcp.Integrity, *metadata.Checkpoint)) (string, *metadata.Checkpoint) {
 	t.Helper()
 	src := filepath.Join("..", "..", "..", "shared", "fixtures", "dcp-torch2", "dense2")
 	if _, err := os.Stat(src); err != nil {
@@ -58,6 +69,9 @@ func withIntegrity(t *testing.T, dropOne bool, optimizer string) (string, *metad
 	}
 	if dropOne {
 		in.Items = in.Items[1:]
+	}
+	if edit != nil {
+		edit(in, md)
 	}
 	b, err := torchdcp.EncodeIntegrity(in)
 	require.NoError(t, err)
@@ -231,4 +245,85 @@ func TestIntegrityObjectOfTheCommittingSaveIsUsed(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, rep.Resumable)
 	require.Equal(t, loader.RuleChecksum, rep.Problems[0].Rule)
+}
+
+// censusOf returns the slot census of md's saved optimizer state, as
+// ckptkit.torch.save records it: every parameter of the checkpoint's
+// model keys, with the slots its keys hold.
+func censusOf(md *metadata.Checkpoint) metadata.TrainingState {
+	var ts metadata.TrainingState
+	slots := map[string][]string{}
+	for _, te := range md.Tensors {
+		if fqn, ok := strings.CutPrefix(te.Key, "model."); ok {
+			ts.Params = append(ts.Params, fqn)
+		}
+	}
+	sort.Strings(ts.Params)
+	sk := statedict.NewStateKeys("optimizer", ts.Params...)
+	for _, k := range append(tensorKeys(md), bytesKeys(md)...) {
+		if fqn, slot, ok := sk.Split(k); ok {
+			slots[fqn] = append(slots[fqn], slot)
+		}
+	}
+	ts.SetCensus(slots)
+	return ts
+}
+
+func tensorKeys(md *metadata.Checkpoint) (out []string) {
+	for _, te := range md.Tensors {
+		out = append(out, te.Key)
+	}
+	return out
+}
+
+func bytesKeys(md *metadata.Checkpoint) (out []string) {
+	for _, be := range md.Bytes {
+		out = append(out, be.Key)
+	}
+	return out
+}
+
+// The slot census of the integrity object decides verify exactly: a
+// census matching the saved state is resumable; one recording a slot the
+// checkpoint lacks makes that parameter partial, naming exactly that key
+// (the subset rule could not see it: every parameter has the same slots);
+// a census that breaks its own rules fails the open.
+func TestIntegrityCensusJudgesEachParameter(t *testing.T) {
+	ctx := context.Background()
+	var first string
+	dir, _ := withIntegrityEdit(t, false, "", func(in *torchdcp.Integrity, md *metadata.Checkpoint) {
+		ts := censusOf(md)
+		require.NotEmpty(t, ts.SlotSets, "dense2 holds optimizer state")
+		in.Params, in.SlotSets, in.ParamSlots = ts.Params, ts.SlotSets, ts.ParamSlots
+	})
+	_, c := verifiedOpen(t, dir)
+	tr := c.Metadata().Training
+	require.NotEmpty(t, tr.ParamSlots, "the census reached the training record")
+
+	dir, _ = withIntegrityEdit(t, false, "", func(in *torchdcp.Integrity, md *metadata.Checkpoint) {
+		ts := censusOf(md)
+		i := slices.IndexFunc(ts.ParamSlots, func(j int) bool { return j >= 0 })
+		require.GreaterOrEqual(t, i, 0)
+		first = ts.Params[i]
+		// The first parameter with state also had "max_exp_avg_sq".
+		ts.SlotSets = append(ts.SlotSets, append(slices.Clone(ts.SlotSets[ts.ParamSlots[i]]), "max_exp_avg_sq"))
+		slices.Sort(ts.SlotSets[len(ts.SlotSets)-1])
+		ts.ParamSlots[i] = len(ts.SlotSets) - 1
+		in.Params, in.SlotSets, in.ParamSlots = ts.Params, ts.SlotSets, ts.ParamSlots
+	})
+	rep, err := loader.Verify(ctx, openDir(t, dir), loader.VerifyOptions{})
+	require.NoError(t, err)
+	require.False(t, rep.Resumable)
+	require.Len(t, rep.Problems, 1, "%+v", rep.Problems)
+	require.Equal(t, loader.RulePartialOptimizer, rep.Problems[0].Rule)
+	require.Contains(t, rep.Problems[0].Message, "lacks optimizer.state."+first+".max_exp_avg_sq (which the checkpoint's slot census records)")
+
+	dir, _ = withIntegrityEdit(t, false, "", func(in *torchdcp.Integrity, md *metadata.Checkpoint) {
+		ts := censusOf(md)
+		ts.ParamSlots[0] = len(ts.SlotSets)
+		in.Params, in.SlotSets, in.ParamSlots = ts.Params, ts.SlotSets, ts.ParamSlots
+	})
+	_, err = loader.Open(ctx, openDir(t, dir))
+	require.ErrorIs(t, err, torchdcp.ErrMalformed)
+	require.Contains(t, err.Error(), "param_slots[0]")
 }

@@ -9,7 +9,8 @@ import (
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// FillParams sets c.Training.Params, the optimizer's parameter set, from
+// FillParams sets c.Training.Params, the optimizer's parameter set, and
+// c.Training.ParamGroups, each group's parameters, from
 // the bytes entries "optimizer.param_groups.<i>.params" (torch >= 2.4
 // flattening of an optimizer state dict keyed by parameter name: each is a
 // list of fqns). It reports whether the set was found. Groups whose params
@@ -20,6 +21,7 @@ import (
 // naming the key), never an unknown set.
 func FillParams(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	var params []string
+	var groups [][]string
 	found := false
 	for _, b := range c.Bytes {
 		if b.Encoding != EncodingBytes || !statedict.IsParamsKey(b.Key, OptimizerPrefix) {
@@ -40,17 +42,24 @@ func FillParams(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 		if !ok {
 			return false, nil
 		}
+		group := make([]string, 0, len(list))
 		for _, p := range list {
 			fqn, ok := p.(string)
 			if !ok || fqn == "" {
 				return false, nil
 			}
-			params = append(params, fqn)
+			group = append(group, fqn)
 		}
+		params = append(params, group...)
+		groups = append(groups, group)
 		found = true
 	}
 	if !found {
 		return false, nil
+	}
+	c.Training.ParamGroups = groups
+	if len(c.Training.ParamSlots) > 0 {
+		return true, nil // the census (ApplyIntegrity) names the parameters its slots belong to
 	}
 	slices.Sort(params)
 	c.Training.Params = slices.Compact(params)
