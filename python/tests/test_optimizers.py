@@ -314,11 +314,12 @@ def test_save_records_the_census_of_the_optimizer_state(file_url):
 
 def test_census_forms():
     by_fqn = {"b": ["step", "exp_avg"], "a": ("exp_avg", "step", "step"), "c": None, "d": [], "é": ["z", "B"]}
-    want = {"params": ["a", "b", "c", "d", "é"], "slot_sets": [["exp_avg", "step"], [], ["B", "z"]],
-            "param_slots": [0, 0, -1, 1, 2]}
+    # A state that holds nothing ("d") saves no key: like no state (-1).
+    want = {"params": ["a", "b", "c", "d", "é"], "slot_sets": [["exp_avg", "step"], ["B", "z"]],
+            "param_slots": [0, 0, -1, -1, 1]}
     assert census_members(by_fqn) == want
     assert census_members(want) == want
-    for bad in ({"params": ["a"], "slot_sets": [], "param_slots": [0]}, {"a": "step"}, {"a": [1]}, ["a"],
+    for bad in ({"params": ["a"], "slot_sets": [], "param_slots": [0]}, {"a": "step"}, {"a": [1]}, {"a": [""]}, ["a"],
                 {"params": ["a", "a"], "slot_sets": [["x"]], "param_slots": [0, 0]}):
         with pytest.raises(ckptkit.UsageError):
             census_members(bad)

@@ -115,10 +115,10 @@ def _bytewise(s):
 def census_members(census):
     """The census of an optimizer's state as the integrity object records it:
     {"params": the parameter FQNs, sorted bytewise, distinct; "slot_sets":
-    the distinct slot-name lists, each sorted bytewise without duplicates
-    (the empty list for a parameter whose state holds nothing);
-    "param_slots": per parameter of params, the index of its slot set, or -1
-    when the parameter has no saved state (lazily absent)}.
+    the distinct slot-name lists, each non-empty and sorted bytewise without
+    duplicates; "param_slots": per parameter of params, the index of its
+    slot set, or -1 when the parameter has no saved state (lazily absent,
+    or a state that holds nothing: no key of it is saved)}.
 
     census is either a mapping {fqn: iterable of slot names, or None for no
     saved state}, or those three members (a mapping with exactly the keys
@@ -155,15 +155,15 @@ def census_members(census):
             raise UsageError(f"census: the slots of {f} must be an iterable of names, not a string")
         names = set()
         for n in slots:
-            if not isinstance(n, str):
-                raise UsageError(f"census: slot {n!r} of {f} is not a string")
+            if not isinstance(n, str) or not n:
+                raise UsageError(f"census: slot {n!r} of {f} is not a non-empty string")
             names.add(n)
-        per[f] = tuple(sorted(names, key=_bytewise))
+        per[f] = tuple(sorted(names, key=_bytewise)) or None
     params = sorted(per, key=_bytewise)
     sets, index, param_slots = [], {}, []
     for f in params:
         s = per[f]
-        if s is None:
+        if not s:
             param_slots.append(-1)
             continue
         if s not in index:
