@@ -211,33 +211,58 @@ def test_resumes_bit_identically(file_url, name, how):
     _assert_same(want, _state(m2, opt2, sched2))
 
 
+def _drop_item(path, key):
+    """Remove key from a committed DCP checkpoint's .metadata (its data stays
+    in the data file, referenced by nothing): what an incomplete save or a
+    damaged copy leaves."""
+    import pickle
+
+    with open(os.path.join(path, ".metadata"), "rb") as f:
+        md = pickle.load(f)
+    del md.state_dict_metadata[key]
+    for idx in [i for i in md.storage_data if i.fqn == key]:
+        del md.storage_data[idx]
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+
+
+@pytest.mark.parametrize("how", ["state", "item"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_partial_state_is_refused_before_anything_changes(file_url, name):
+def test_partial_state_is_refused_before_anything_changes(file_url, name, how):
+    """One slot of one parameter deleted: from the state before the save
+    ("state": the census records what was saved), or its item from the
+    checkpoint's metadata after ckptkit.torch.save ("item": the census
+    still says the parameter saved it)."""
     make_opt, slot = _case(name)
     m, opt, sched = _make(make_opt)
     _train(m, opt, sched, BEFORE, seed=1)
     osd = _optimizer_state(m, opt)
     fqn = sorted(f for f, st in osd["state"].items() if slot in st)[0]
-    del osd["state"][fqn][slot]
-    sd = {"model": m.state_dict(), "optimizer": osd, "scheduler": sched.state_dict(), "step": 3}
-    dcp.save(sd, storage_writer=StorageWriter(step_url(file_url, 3), optimizer="saved", census=_census(osd)))
+    key = f"optimizer.state.{fqn}.{slot}"
+    if how == "state":
+        del osd["state"][fqn][slot]
+        sd = {"model": m.state_dict(), "optimizer": osd, "scheduler": sched.state_dict(), "step": 3}
+        dcp.save(sd, storage_writer=StorageWriter(step_url(file_url, 3), optimizer="saved", census=_census(osd)))
+    else:
+        save(file_url, m, opt, step=3, scheduler=sched)
+        _drop_item(file_url[len("file://"):] + "/step-00000003", key)
 
     # The one resuming has state of its own (trained a step), none of which
     # may change.
     m2, opt2, sched2 = _make(make_opt, seed=7)
     _train(m2, opt2, sched2, [None], seed=2)
     before = _state(m2, opt2, sched2)
-    if not osd["state"][fqn]:
+    if how == "state" and not osd["state"][fqn]:
         # The optimizer keeps one slot per parameter (SGD's momentum_buffer):
-        # without it the parameter has no saved state at all, which is the
-        # lazily absent case, not partial state.
+        # saved without it, the parameter has no saved state at all, which
+        # is the lazily absent case, not partial state.
         rep = resume(step_url(file_url, 3), m2, opt2, scheduler=sched2)
         assert fqn in rep.lazy_params
         return
     with pytest.raises(ckptkit.PartialStateError) as e:
         resume(step_url(file_url, 3), m2, opt2, scheduler=sched2)
     msg = str(e.value)
-    assert fqn in msg and f"optimizer.state.{fqn}.{slot}" in msg, msg
+    assert fqn in msg and key in msg, msg
     _assert_same(before, _state(m2, opt2, sched2))
 
 
