@@ -110,3 +110,20 @@ func sortedQuery(t *testing.T, raw string) string {
 	require.NoError(t, err)
 	return q.Encode()
 }
+
+// An https request answered in plain HTTP (a local S3 server without
+// insecure=true) is a usage error that says what to add, exit 2.
+func TestPlainHTTPEndpointSaysInsecure(t *testing.T) {
+	u := cloudURL(t, "CKPTKIT_TEST_S3_URL")
+	base, query, _ := strings.Cut(u, "?")
+	q, err := url.ParseQuery(query)
+	require.NoError(t, err)
+	if q.Get("insecure") != "true" {
+		t.Skip("the test server speaks https")
+	}
+	q.Del("insecure")
+	code, out, errs := ckpt(t, "ls", base+"?"+q.Encode())
+	require.Equal(t, 2, code, "%s%s", out, errs)
+	require.Contains(t, errs, "add insecure=true to the URL")
+	require.NotContains(t, errs, "is reachable", "no misleading hint")
+}
