@@ -46,6 +46,9 @@ type ckptInfo struct {
 	Skipped   []skipped `json:"skipped"`
 	// None is true when url is a run without any committed checkpoint.
 	None bool `json:"none,omitempty"`
+	// Empty is true (with None) when nothing at all is stored under url:
+	// a fresh run, or a mistyped URL (the caller decides, must_exist).
+	Empty bool `json:"empty,omitempty"`
 }
 
 type skipped struct {
@@ -135,14 +138,40 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 		return nil, err
 	case committed == 0:
-		// A fresh run (or only uncommitted prefixes): nothing to resume.
+		// A fresh run (or only uncommitted prefixes): nothing to resume;
+		// but a URL naming a checkpoint (step-NNNNNNNN) under which
+		// nothing is stored is a typo, never a fresh start.
+		empty, err := nothingUnder(ctx, sh.st)
+		if err != nil {
+			return nil, err
+		}
+		where, _, _ := strings.Cut(sh.st.String(), "?")
+		if _, named := catalog.ParseStep(path.Base(where)); empty && named {
+			return nil, fmt.Errorf("open checkpoint %s: %w: nothing is stored there (check the URL)", sh.st, backend.ErrNotFound)
+		}
 		ok = true
-		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Skipped: nonNil(out)}}, nil
+		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Empty: empty, Skipped: nonNil(out)}}, nil
 	}
 	// Committed checkpoints exist but none verifies: fail with the newest
 	// one's problem first in the chain (it decides class and rule), never
 	// start over silently.
 	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid)", sh.st, newestProblem(ctx, sh.st, skips), catalog.ErrNoCommittedCheckpoint, committed)
+}
+
+// errStop ends a listing early.
+var errStop = errors.New("stop")
+
+// nothingUnder reports whether no object at all is stored under st.
+func nothingUnder(ctx context.Context, st *backend.Store) (bool, error) {
+	empty := true
+	err := st.ListDelimited(ctx, "", func(backend.ObjectInfo) error {
+		empty = false
+		return errStop
+	})
+	if err != nil && !errors.Is(err, errStop) && !errors.Is(err, backend.ErrNotFound) {
+		return false, err
+	}
+	return empty, nil
 }
 
 // newestProblem reopens the newest committed checkpoint that failed verify

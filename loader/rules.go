@@ -77,7 +77,7 @@ func decide(md *metadata.Checkpoint, targets []*statedict.StateDict, opts *Optio
 			}
 		}
 		if len(asked) > 0 {
-			return nil, fmt.Errorf("%w: the checkpoint has no optimizer keys under %q (record: %s) but the target asks for %d, e.g. %s; if the checkpoint holds only weights, load with NoLoadOptimizer (--no-load-optim) to start the optimizer fresh, otherwise check the optimizer key prefix",
+			return nil, fmt.Errorf("%w: the checkpoint has no optimizer keys under %q (record: %s) but the target asks for %d, e.g. %s; if the checkpoint holds only weights, load without the optimizer to start it fresh (Go: Options.NoLoadOptimizer; ckpt: --no-load-optim; ckptkit.torch.resume: load_optimizer=False), otherwise check the optimizer key prefix",
 				ErrMissingKeys, optPrefix, md.Training.Optimizer, len(asked), listSome(asked))
 		}
 	}

@@ -57,9 +57,26 @@ def test_save_and_resume_on_every_backend(base_url):
     _train_on_identically(m, opt, sched, m2, opt2, sched2)
 
 
-def test_fresh_run_resumes_to_none(base_url):
+def test_fresh_run_resumes_to_none(base_url, caplog):
+    """Nothing under a run URL: None (a fresh start, logged), or
+    NotFoundError with must_exist=True; a checkpoint URL under which
+    nothing is stored (a typo) always raises NotFoundError, on every
+    backend; nothing is modified."""
     m, opt, sched = make()
-    assert resume(base_url, m, opt, scheduler=sched) is None
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with caplog.at_level("INFO", logger="ckptkit"):
+        assert resume(base_url, m, opt, scheduler=sched) is None
+    assert any("fresh start: nothing under" in r.getMessage() for r in caplog.records), caplog.text
+    with pytest.raises(ckptkit.NotFoundError, match="must_exist"):
+        resume(base_url, m, opt, scheduler=sched, must_exist=True)
+    train(m, opt, sched, 3)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    save(sub_url(base_url, "run"), m, opt, step=3, scheduler=sched)
+    for typo in (sub_url(base_url, "run", "step-00000099"), sub_url(base_url, "runn", "step-00000003")):
+        with pytest.raises(ckptkit.NotFoundError, match="nothing is stored there"):
+            resume(typo, m, opt, scheduler=sched)
+    assert resume(sub_url(base_url, "run"), m, opt, scheduler=sched, must_exist=True).step == 3
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
 
 
 def test_lazily_absent_state_is_pruned_and_reported(file_url, caplog):
@@ -312,8 +329,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_next_older_valid_one(file_u
         _flip_byte_in_tensor(path, "model.head.weight")
     m2, opt2, sched2 = make(seed=7)
     with pytest.warns(RuntimeWarning, match=r"step-00000006 is damaged \(.*checksum.*\); resuming from the next older "
-                                            r"valid checkpoint, .*step-00000003"):
+                                            r"valid checkpoint, .*step-00000003") as caught:
         rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert sum("is damaged" in str(w.message) for w in caught) == 1, "the fallback is reported once"
     assert rep.step == 3 and rep.url.endswith("step-00000003") and rep.checkpoint_step == 3
     assert [s["url"].endswith("step-00000006") for s in rep.skipped] == [True]
     assert same_bits(want, snapshot(m2, opt2))
@@ -334,3 +352,37 @@ def test_damaged_checkpoint_url_does_not_fall_back(file_url):
     m2, opt2, sched2 = make(seed=7)
     with pytest.raises(ckptkit.ChecksumError):
         resume(step_url(file_url, 6), m2, opt2, scheduler=sched2)
+
+
+def test_save_raises_ckptkit_errors(file_url):
+    """ct.save raises ckptkit's own class (torch's CheckpointException
+    chained), not a 20-line wrapper: a committed step is a ConflictError
+    unless overwrite=True."""
+    m, opt, sched = make()
+    train(m, opt, sched, 1)
+    save(file_url, m, opt, step=1, scheduler=sched)
+    with pytest.raises(ckptkit.ConflictError) as e:
+        save(file_url, m, opt, step=1, scheduler=sched)
+    assert e.value.__cause__ is not None
+    save(file_url, m, opt, step=1, scheduler=sched, overwrite=True)
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="this torch has no torch.compile")
+def test_compiled_model_resumes_into_the_plain_one(file_url):
+    """A torch.compile'd model saves under the plain names (no _orig_mod.),
+    as torch's get_state_dict does: its checkpoint resumes into the plain
+    module bit-exactly, and a plain checkpoint into a compiled one."""
+    m, opt, sched = make()
+    cm = torch.compile(m, backend="eager")
+    train(cm, opt, sched, 3)
+    url = save(file_url, cm, opt, step=3, scheduler=sched)
+    ck = ckptkit.torch.Checkpoint(url)
+    keys = ck.keys()
+    ck.close()
+    assert not any("_orig_mod" in k for k in keys), keys
+    m2, opt2, sched2 = make(seed=5)
+    assert resume(url, m2, opt2, scheduler=sched2).step == 3
+    assert same_bits(snapshot(m, opt), snapshot(m2, opt2))
+    m3, opt3, sched3 = make(seed=6)
+    assert resume(url, torch.compile(m3, backend="eager"), opt3, scheduler=sched3).step == 3
+    assert same_bits(snapshot(m, opt), snapshot(m3, opt3))

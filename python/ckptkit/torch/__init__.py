@@ -27,6 +27,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 
 from ckptkit.errors import (
+    CheckpointError,
+    NotFoundError,
     UnsupportedError,
     UsageError,
 )
@@ -74,11 +76,20 @@ def _rank():
 
 
 def _unwrap(model):
+    """The module whose names the checkpoint uses: without the wrappers
+    that prefix every key, DistributedDataParallel/DataParallel
+    (``module.``) and torch.compile's OptimizedModule (``_orig_mod.``), as
+    torch's get_state_dict strips them; so a compiled or wrapped model's
+    checkpoint resumes into the plain module and the reverse."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-    while isinstance(model, (DistributedDataParallel, DataParallel)):
-        model = model.module
-    return model
+    while True:
+        if isinstance(model, (DistributedDataParallel, DataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def _param_names(model):
@@ -214,8 +225,26 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
         # Never overlap the asynchronous save in flight; its failure, if
         # nothing reported it yet, is this save's error.
         prev.idle()
-    dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, census=census, **writer_options))
+    try:
+        dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, census=census, **writer_options))
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        inner = _ckptkit_error(e)
+        if inner is not None:
+            # The storage layer's own error (ConflictError, NotFoundError,
+            # ...), torch's per-rank wrapper chained.
+            raise inner from e
+        raise
     return url
+
+
+def _ckptkit_error(exc):
+    """The ckptkit error a torch CheckpointException wraps (the first
+    rank's that is one), or None."""
+    for inner in (getattr(exc, "failures", None) or {}).values():
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, CheckpointError):
+            return inner
+    return None
 
 
 _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
@@ -406,11 +435,17 @@ def _decode_bytes(raw):
 
 
 def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, frozen=(), extra_state=None,
-           optimizer_prefix=OPTIMIZER_KEY):
+           optimizer_prefix=OPTIMIZER_KEY, must_exist=False):
     """Resume model, optimizer and scheduler from the checkpoint at url, or
     from the newest committed checkpoint of the run at url that verifies (as
     `ckpt latest`); returns a ResumeReport, or None when the run has no
-    committed checkpoint.
+    committed checkpoint: a fresh start, logged ("fresh start: nothing
+    under URL" or "no committed checkpoint under URL"). With
+    must_exist=True a run URL under which nothing is stored raises
+    NotFoundError instead (a mistyped URL must not restart training); a
+    checkpoint URL (ending in step-<8 digits>) under which nothing is
+    stored always raises NotFoundError. Committed checkpoints of which none
+    is valid raise the newest one's error, never a fresh start.
 
     optimizer is what save took (an optimizer, or a list of them in the
     same order). Each parameter's expected optimizer state is what the
@@ -446,6 +481,12 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     ck, run_url = _open_choice(url)
     try:
         if ck.none:
+            if ck.info.get("empty"):
+                if must_exist:
+                    raise NotFoundError(f"{ck.info.get('url') or url}: nothing is stored there (must_exist=True; check the URL)")
+                log.info("fresh start: nothing under %s", ck.info.get("url") or url)
+            else:
+                log.info("fresh start: no committed checkpoint under %s", ck.info.get("url") or url)
             return None
         out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
                            run_url)
@@ -559,7 +600,9 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     for fb in rep.get("fallbacks") or []:
         msg = (f"checkpoint {fb['url']} is damaged ({fb['reason']}); resuming from the next older valid checkpoint, "
                f"{rep['info']['url']}")
-        log.warning("%s", msg)
+        # Once: a RuntimeWarning (logging.captureWarnings routes it to the
+        # log); the log gets it at DEBUG only, not a second WARNING.
+        log.debug("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
     if rep.get("info"):
         ck.info = rep["info"]
