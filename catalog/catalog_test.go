@@ -14,6 +14,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	_ "github.com/ckptkit/ckptkit/interop/torchdcp" // the DCP format and the names its ckptkit writer gives objects
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"
@@ -196,9 +197,20 @@ func TestOwnedObject(t *testing.T) {
 		"rank-0a000-000.data":                  false,
 		"rank-00000.data":                      false,
 		"sub/rank-0-0.data":                    false,
-		".metadata":                            false,
-		"__0_0.distcp":                         false,
-		"ckptkit.metadata.json~":               false,
+		// DCP, as ckptkit.torch.save writes it: objects named for the save
+		// (a 16-hex-digit tag) and the commit point; torch's own names
+		// carry no tag and are not ckptkit's.
+		".metadata":                           true,
+		"__0_0.b40d2d5fb22f4cbb.distcp":       true,
+		"__12_3.b40d2d5fb22f4cbb.distcp":      true,
+		".ckptkit-integrity.b40d2d5fb22f4cbb": true,
+		"__0_0.distcp":                        false,
+		".ckptkit-integrity":                  false,
+		"__0_0.B40D2D5FB22F4CBB.distcp":       false,
+		"__0_0.b40d2d5f.distcp":               false,
+		"__x_0.b40d2d5fb22f4cbb.distcp":       false,
+		"0_0.b40d2d5fb22f4cbb.distcp":         false,
+		"ckptkit.metadata.json~":              false,
 	} {
 		assert.Equal(t, want, catalog.OwnedObject(name), name)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -101,8 +102,8 @@ func storageHint(err error, rawURL string) string {
 	}
 	q := u.Query()
 	var ne net.Error
-	if ckpterr.ClassOf(err) == ckpterr.Usage {
-		return "" // the error itself says what to change
+	if errors.Is(err, http.ErrSchemeMismatch) {
+		return "" // the error itself says what to change (insecure=true)
 	}
 	if ckpterr.ClassOf(err) != ckpterr.Access {
 		if !errors.As(err, &ne) {
