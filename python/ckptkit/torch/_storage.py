@@ -49,6 +49,7 @@ import ckptkit
 from ckptkit import _lib
 from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
 
+from ._restricted import ForbiddenGlobalError, check_item
 from ._torchsave import view_tensor
 
 METADATA_KEY = ".metadata"
@@ -661,6 +662,11 @@ class StorageReader(_TorchStorageReader):
                             f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
                             rule="checksum")
                 if req.type == LoadItemType.BYTE_IO:
+                    # torch's planner unpickles it with a general unpickler
+                    # (torch.load(weights_only=False)): it gets only an item
+                    # the restricted unpickler, with the Go reader's
+                    # allow-list, read to its end.
+                    _check_bytes_item(item, req.storage_index.fqn, ck.object_url(path), off)
                     with lock:
                         planner.load_bytes(req, io.BytesIO(item))
                     continue
@@ -702,6 +708,21 @@ class StorageReader(_TorchStorageReader):
         if self._ckpt is not None and self._ckpt is not self._given:
             self._ckpt.close()
         self._ckpt = None
+
+
+def _check_bytes_item(item, key, object_url, offset):
+    """Raise BadCheckpointError, naming key and the global or the problem,
+    unless the bytes item reads with the restricted unpickler (_restricted)."""
+    try:
+        check_item(item)
+    except ForbiddenGlobalError as e:
+        raise ckptkit.BadCheckpointError(
+            f"bytes item {key!r} in object {object_url} at offset {offset}: {e}; it is not handed to torch's planner, "
+            "which would unpickle it with a general unpickler") from None
+    except (pickle.UnpicklingError, RecursionError, MemoryError) as e:
+        raise ckptkit.BadCheckpointError(
+            f"bytes item {key!r} in object {object_url} at offset {offset} is not a pickle ckptkit's restricted "
+            f"unpickler reads: {e}") from None
 
 
 def _narrow(t, offsets, lengths):
