@@ -27,3 +27,24 @@ func TestVerifyRefusesAForbiddenGlobalInADCPParamsItem(t *testing.T) {
 		assert.NotContains(t, out, "resumable", args)
 	}
 }
+
+// Issue 29: a forbidden global in any bytes item, not only those the
+// training state is read from, makes verify (shallow and deep), latest
+// (deep) and copy exit with the bad-checkpoint code naming the item and
+// the global; copy commits nothing.
+func TestEveryCommandRefusesAForbiddenGlobalInAnyDCPBytesItem(t *testing.T) {
+	const key = "optimizer.param_groups.0.lr"
+	doc := readmeExitCodes(t)
+	run := filepath.Join(t.TempDir(), "run")
+	dir := filepath.Join(run, "step-00000001")
+	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dir)
+	ckpttest.PlantForbiddenGlobal(t, dir, key)
+	dst := filepath.Join(t.TempDir(), "copy")
+	for _, args := range [][]string{{"verify", dir}, {"verify", "--deep", dir}, {"latest", "--deep", run}, {"copy", dir, dst}} {
+		code, out, errs := ckpt(t, args...)
+		require.Equal(t, doc["bad-checkpoint"], code, "%v: %s%s", args, out, errs)
+		assert.Contains(t, errs, "posix.system", args)
+		assert.Contains(t, errs, key, args)
+	}
+	assert.NoFileExists(t, filepath.Join(dst, ".metadata"))
+}
