@@ -16,7 +16,11 @@ type (
 	pyTuple []any
 	// pyList is a Python list (a pointer so APPEND through a memo
 	// reference mutates the shared list, as in Python).
-	pyList struct{ items []any }
+	pyList struct {
+		items []any
+		// set: a set or frozenset (the same operations, another type).
+		set bool
+	}
 	// pyDict is an insertion-ordered Python dict; keys may be any value
 	// (DCP uses MetadataIndex objects as keys), so it is a pair list.
 	pyDict struct {
@@ -271,13 +275,13 @@ func call(fn any, args pyTuple) (any, error) {
 		return d, nil
 	case kindSet:
 		if len(args) == 0 {
-			return &pyList{}, nil
+			return &pyList{set: true}, nil
 		}
 		items, ok := seqItems(args[0])
 		if len(args) != 1 || !ok {
 			return nil, malformed("%s arguments", g.name)
 		}
-		return &pyList{items: append([]any(nil), items...)}, nil
+		return &pyList{items: append([]any(nil), items...), set: true}, nil
 	case kindCodecsEncode:
 		if len(args) != 2 {
 			return nil, malformed("_codecs.encode takes 2 arguments, got %d", len(args))

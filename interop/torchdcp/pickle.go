@@ -433,7 +433,7 @@ func (u *unpickler) step(op byte) error {
 		}
 		l.items = append(l.items, items...)
 	case opEmptySet:
-		return u.push(&pyList{})
+		return u.push(&pyList{set: true})
 	case opAddItems:
 		items, err := u.popMark()
 		if err != nil {
@@ -453,7 +453,7 @@ func (u *unpickler) step(op byte) error {
 		if err != nil {
 			return err
 		}
-		return u.push(&pyList{items: items})
+		return u.push(&pyList{items: items, set: true})
 	case opEmptyDict:
 		return u.push(&pyDict{})
 	case opDict:
