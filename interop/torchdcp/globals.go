@@ -127,7 +127,7 @@ var dcpModules = map[string]struct {
 }{
 	"torch.distributed._shard.checkpoint.metadata": {family113, []string{
 		"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex"}},
-	"torch.distributed._shard.checkpoint.filesystem":  {family113, []string{"_StorageInfo"}},
+	"torch.distributed._shard.checkpoint.filesystem":   {family113, []string{"_StorageInfo"}},
 	"torch.distributed._shard.sharded_tensor.metadata": {family113, []string{"TensorProperties"}},
 	"torch.distributed.checkpoint.metadata": {family2x, []string{
 		"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex",
