@@ -113,3 +113,38 @@ def test_storage_reader_refuses_what_the_go_core_refuses(tmp_path):
     with pytest.raises(ckptkit.BadCheckpointError, match="forbidden pickle global"):
         StorageReader("file://" + str(tmp_path / "ck")).read_metadata()
     assert os.path.exists(md)
+
+
+def test_integrity_object_is_read_in_bounded_memory():
+    """The reader's CRC32C map of a large integrity object costs a fraction
+    of its size (json.loads cost about 12 times), and a header claiming
+    1 GiB on a small object is refused before anything is read into it."""
+    import tracemalloc
+
+    from ckptkit.torch._crcs import read_item_crcs
+    from ckptkit.torch._storage import decode_integrity, encode_integrity
+
+    n = 100_000
+    items = [{"object": f"__{i % 4}_0.0123456789abcdef.distcp", "offset": 4096 * i, "length": 4000 + i % 7,
+              "crc32c": (i * 2654435761) % (1 << 32)} for i in range(n)]
+    data = encode_integrity(items, "saved")
+    want = {(i["object"], i["offset"], i["length"]): i["crc32c"] for i in items[::997]}
+    del items
+    fallback = lambda d: decode_integrity(d)[0]  # noqa: E731
+    tracemalloc.start()
+    crcs = read_item_crcs(data, fallback)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(crcs) == n
+    for k, v in want.items():
+        assert crcs.get(k) == v
+    assert crcs.get(("__0_0.0123456789abcdef.distcp", 1, 2)) is None
+    assert peak < len(data) // 2 + (16 << 20), (peak, len(data))
+    # The same map from json, for a body in another form.
+    spaced = data[:64] + data[64:].replace(b'","offset":', b'", "offset":')
+    spaced = f"ckptkit-dcp-integrity/1 {len(spaced)}".ljust(63).encode() + b"\n" + spaced[64:]
+    assert read_item_crcs(spaced, fallback).get(next(iter(want))) == next(iter(want.values()))
+    # A header claiming 1 GiB: refused.
+    claim = f"ckptkit-dcp-integrity/1 {1 << 30}".ljust(63).encode() + b"\n" + b'{"algorithm":"crc32c","items":[]}'
+    with pytest.raises(ckptkit.BadCheckpointError):
+        read_item_crcs(claim, fallback)

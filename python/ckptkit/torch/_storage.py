@@ -49,6 +49,7 @@ import ckptkit
 from ckptkit import _lib
 from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
 
+from ._crcs import read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item
 from ._torchsave import view_tensor
 
@@ -798,7 +799,10 @@ class Checkpoint(_lib.Closing):
                     data = self._store.read(key)
                 except ckptkit.NotFoundError:
                     continue
-                self._crcs = decode_integrity(data, self.object_url(key))[0]
+                where = self.object_url(key)
+                # In about the object's size (not json's dict per item).
+                self._crcs = read_item_crcs(data, lambda d, where=where: decode_integrity(d, where)[0])
+                del data
                 break
             tag = save_tag(_save_id_of(md))
             if self._crcs is None and tag and any(
