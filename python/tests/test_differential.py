@@ -183,3 +183,26 @@ def test_differential_corpus():
             agreed += 1
     assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} problems)"
     assert agreed > 500 and go_refused > 0
+
+
+def test_metadata_unpickler_reads_what_go_reads():
+    """The C unpickler StorageReader and resume read .metadata with
+    (_restricted.MetadataUnpickler: the allow-list, real classes) reads
+    every .metadata of the corpus the Go core accepts as the Go core does,
+    and refuses the hostile ones."""
+    from ckptkit.torch._restricted import load_metadata
+
+    n = 0
+    for case in _cases():
+        data = base64.b64decode(case["pickle"])
+        if case.get("both_refuse"):
+            if "memo" not in case["name"]:  # the Go core refuses that one before Python sees it (it costs CPython GiBs)
+                with pytest.raises(Exception):
+                    load_metadata(data)
+            continue
+        if case["persistent"] or case.get("go_error") or not case["name"].endswith(".metadata") and not case[
+                "name"].startswith("crafted/"):
+            continue
+        assert canon(load_metadata(data)) == case.get("go"), case["name"]
+        n += 1
+    assert n > 10

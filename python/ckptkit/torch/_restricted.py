@@ -200,3 +200,38 @@ def check_item(item):
         raise
     except Exception as e:  # a malformed pickle fails in many ways
         raise pickle.UnpicklingError(f"{type(e).__name__}: {e}") from None
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """CPython's C unpickler for a DCP ``.metadata`` the Go core has read
+    and accepted: the same allow-list, resolved to the real classes (torch's
+    DCP dataclasses, torch.Size, OrderedDict, ...), ``getattr`` only on the
+    memory-format enum, ``_codecs.encode`` only latin-1, no persistent ids.
+    Torch's planner needs the real Metadata, so this one builds it; the
+    Go core's reading is the same (docs/TORCH_DCP.md, One grammar)."""
+
+    def find_class(self, module, name):
+        kind = ALLOW_LIST.get(module, {}).get(name)
+        if kind is None:
+            raise ForbiddenGlobalError(module, name)
+        if kind == "getattr":
+            def restricted_getattr(obj, member):
+                if not (isinstance(obj, type) and obj.__name__ in ("MEM_FORMAT_ENCODING", "_MEM_FORMAT_ENCODING")
+                        and obj.__module__.startswith("torch.distributed.") and member in MEM_FORMAT_MEMBERS):
+                    raise ForbiddenGlobalError(module, f"getattr({getattr(obj, '__name__', type(obj).__name__)}, {member!r})")
+                return getattr(obj, member)
+            return restricted_getattr
+        if kind == "codecs-encode":
+            def encode(s, encoding):
+                if not isinstance(s, str) or encoding not in ("latin1", "latin-1"):
+                    raise pickle.UnpicklingError("_codecs.encode only decodes latin1 strings")
+                return s.encode("latin-1")
+            return encode
+        if kind in ("rebuild-tensor", "storage"):
+            raise ForbiddenGlobalError(module, name)  # tensors have no place in .metadata
+        return super().find_class("builtins" if module == "__builtin__" else module, name)
+
+
+def load_metadata(data):
+    """Unpickle a ``.metadata`` with MetadataUnpickler."""
+    return MetadataUnpickler(io.BytesIO(data)).load()

@@ -50,7 +50,7 @@ from ckptkit import _lib
 from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
 
 from ._crcs import read_item_crcs
-from ._restricted import ForbiddenGlobalError, check_item
+from ._restricted import ForbiddenGlobalError, check_item, load_metadata
 from ._torchsave import view_tensor
 
 METADATA_KEY = ".metadata"
@@ -765,11 +765,18 @@ class Checkpoint(_lib.Closing):
     def torch_metadata(self):
         """The DCP Metadata, unpickled from the bytes read at open. The Go
         core has already decoded them with its restricted unpickler (only
-        DCP classes and plain values), so no other class can appear."""
+        DCP classes and plain values); Python unpickles them with the same
+        allow-list (_restricted.MetadataUnpickler), and any failure is a
+        BadCheckpointError."""
         if self._md is None:
             if self.info.get("format") != "torch-dcp":
                 raise UnsupportedError(f"{self.url} is a {self.info.get('format')} checkpoint, not DCP")
-            md = pickle.loads(self.raw_metadata())
+            try:
+                md = load_metadata(self.raw_metadata())
+            except (pickle.UnpicklingError, ImportError, AttributeError, TypeError, ValueError, RuntimeError,
+                    MemoryError, RecursionError, EOFError, KeyError, IndexError, dataclasses.FrozenInstanceError) as e:
+                raise ckptkit.BadCheckpointError(
+                    f"{self.url}: .metadata: Python cannot read it as the Go core did: {type(e).__name__}: {e}") from None
             if not isinstance(md, Metadata):
                 raise ckptkit.BadCheckpointError(f"{self.url}: .metadata is not a DCP Metadata")
             self._md = md
