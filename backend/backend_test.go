@@ -143,3 +143,14 @@ func TestRedactURLNeverLeaks(t *testing.T) {
 	}
 	require.Equal(t, "s3://b/run?endpoint=h:1", backend.RedactURL("s3://b/run?endpoint=h:1"))
 }
+
+// A store's URL keeps the options it was opened with but drops every
+// credential-like one, so a printed URL reopens the same storage and never
+// leaks a secret.
+func TestNonSecretQuery(t *testing.T) {
+	require.Equal(t, "endpoint=127.0.0.1%3A9000&insecure=true&region=us-east-1",
+		backend.NonSecretQuery("region=us-east-1&secret_key=HUNTER2&endpoint=127.0.0.1:9000&access_token=HUNTER2&insecure=true"))
+	require.Empty(t, backend.NonSecretQuery("token=HUNTER2"))
+	require.Empty(t, backend.NonSecretQuery("x=%zz&secret=HUNTER2"), "a query that does not parse is dropped whole")
+	require.Empty(t, backend.NonSecretQuery(""))
+}

@@ -126,7 +126,38 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		drv.Close()
 		return nil, fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
 	}
+	st.query = NonSecretQuery(u.RawQuery)
 	return st, nil
+}
+
+// NonSecretQuery returns rawQuery without the options whose names suggest
+// credentials (those RedactURL hides), re-encoded in sorted order: what a
+// printed URL keeps so that it names the same storage (endpoint, region,
+// path_style, insecure). A query that does not parse is dropped whole.
+func NonSecretQuery(rawQuery string) string {
+	if rawQuery == "" {
+		return ""
+	}
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return ""
+	}
+	for k := range q {
+		if isSecretParam(k) {
+			delete(q, k)
+		}
+	}
+	return q.Encode()
+}
+
+func isSecretParam(name string) bool {
+	lk := strings.ToLower(name)
+	for _, s := range secretParams {
+		if strings.Contains(lk, s) {
+			return true
+		}
+	}
+	return false
 }
 
 var secretParams = []string{"secret", "token", "password", "key", "signature", "credential"}
@@ -155,12 +186,9 @@ func RedactURL(raw string) string {
 			changed = true
 		} else {
 			for k := range q {
-				lk := strings.ToLower(k)
-				for _, s := range secretParams {
-					if strings.Contains(lk, s) {
-						q.Set(k, "REDACTED")
-						changed = true
-					}
+				if isSecretParam(k) {
+					q.Set(k, "REDACTED")
+					changed = true
 				}
 			}
 			if changed {

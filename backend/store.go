@@ -50,6 +50,7 @@ type Store struct {
 	drv    Driver
 	base   string // redacted URL of the driver root, without trailing slash
 	prefix string // "" or ends with "/"
+	query  string // the URL's query without credential-like options, or ""
 	retry  RetryPolicy
 }
 
@@ -102,13 +103,26 @@ func (s *Store) Sub(prefix string) (*Store, error) {
 // Prefix returns the store's key prefix inside its driver ("" or ending in "/").
 func (s *Store) Prefix() string { return s.prefix }
 
-// URL returns the redacted URL of key below the store (key may be "").
+// URL returns the redacted URL of key below the store (key may be ""):
+// it keeps the query options the store was opened with (an S3 endpoint,
+// region, path_style, insecure), so that it opens the same storage when
+// fed back to Open, and drops credential-like ones (NonSecretQuery).
 func (s *Store) URL(key string) string {
-	return s.base + "/" + s.prefix + key
+	return s.withQuery(s.base + "/" + s.prefix + key)
 }
 
-// String returns the redacted URL of the store's root.
-func (s *Store) String() string { return strings.TrimSuffix(s.URL(""), "/") }
+// String returns the redacted URL of the store's root, with its
+// non-secret query options (see URL).
+func (s *Store) String() string {
+	return s.withQuery(strings.TrimSuffix(s.base+"/"+s.prefix, "/"))
+}
+
+func (s *Store) withQuery(u string) string {
+	if s.query == "" {
+		return u
+	}
+	return u + "?" + s.query
+}
 
 // Capabilities returns the driver's declared capabilities.
 func (s *Store) Capabilities() Capabilities { return s.drv.Capabilities() }

@@ -74,12 +74,52 @@ func (e Entry) Age(now time.Time) time.Duration {
 // is a name ckptkit's saver writes: the native metadata object or a data
 // object "rank-NNNNN-NNN.data" or "rank-NNNNN-NNN.<attempt>.data"
 // (planner.ParseObjectName).
+//
+// For the other formats ckptkit writes (a registered format with a
+// WrittenObject hook: the DCP checkpoints of ckptkit.torch.save), their
+// metadata object and the data objects the hook attributes to a save are
+// ckptkit's too.
 func OwnedObject(rel string) bool {
+	_, ok := writtenBy(rel)
+	return ok
+}
+
+// writtenBy returns the save attempt that wrote rel ("" for a metadata
+// object) and whether ckptkit writes that name at all.
+func writtenBy(rel string) (string, bool) {
 	if rel == metadata.ObjectKey {
+		return "", true
+	}
+	if a, ok := planner.ParseObjectName(rel); ok {
+		return a, true
+	}
+	for _, f := range metadata.Formats() {
+		if f.WrittenObject == nil {
+			continue
+		}
+		if rel == f.ObjectKey {
+			return "", true
+		}
+		if a, ok := f.WrittenObject(rel); ok {
+			return f.Name + ":" + a, true
+		}
+	}
+	return "", false
+}
+
+// WrittenFormat reports whether ckptkit writes checkpoints of the format
+// named name (native, or a format registered with a WrittenObject hook):
+// gc expires only those.
+func WrittenFormat(name string) bool {
+	if name == metadata.FormatName {
 		return true
 	}
-	_, ok := planner.ParseObjectName(rel)
-	return ok
+	for _, f := range metadata.Formats() {
+		if f.Name == name {
+			return f.WrittenObject != nil
+		}
+	}
+	return false
 }
 
 // List lists the checkpoints under run, oldest step first, without
@@ -139,10 +179,10 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 			rest := strings.TrimPrefix(o.Key, e.Name+"/")
 			e.Objects++
 			e.Bytes += o.Size
-			if a, ok := planner.ParseObjectName(rest); ok {
-				attempts[a] = true
-			} else if rest != metadata.ObjectKey {
+			if a, ok := writtenBy(rest); !ok {
 				e.ForeignObjects++
+			} else if a != "" { // "": a metadata object
+				attempts[a] = true
 			}
 			if o.ModTime.After(e.ModTime) {
 				e.ModTime = o.ModTime
@@ -280,4 +320,16 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, opts Lates
 		return &Found{Entry: e, Checkpoint: c, Report: rep}, skipped, nil
 	}
 	return nil, skipped, fmt.Errorf("%s: %w", run, ErrNoCommittedCheckpoint)
+}
+
+// IsMetadataObject reports whether rel, a key relative to a checkpoint
+// prefix, is some known format's metadata object: a commit point, never an
+// orphan.
+func IsMetadataObject(rel string) bool {
+	for _, f := range metadata.Formats() {
+		if rel == f.ObjectKey {
+			return true
+		}
+	}
+	return false
 }

@@ -44,6 +44,9 @@ var checkpointCases = []testCase{
 	checkpointCase("checkpoint/dcp-lazy-moe-torch2", caseDCPLazy("lazy_moe2")),
 	checkpointCase("checkpoint/dcp-sparse-optim-torch1", caseDCPLazy("sparse_optim")),
 	checkpointCase("checkpoint/dcp-partial-rejected", caseDCPPartial),
+	checkpointCase("checkpoint/dcp-adafactor-torch2.14", caseDCPLazy("torch214_adafactor")),
+	checkpointCase("checkpoint/dcp-muon-adamw-torch2.14", caseDCPLazy("torch214_muon_adamw")),
+	checkpointCase("checkpoint/dcp-adafactor-partial-torch2.14", caseDCPPartialOf("torch214_adafactor_partial")),
 }
 
 // checkpointCase adapts a case that only needs the harness.

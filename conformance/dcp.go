@@ -40,7 +40,10 @@ type dcpManifest struct {
 	Source     string   `json:"source"`
 	Iteration  int64    `json:"iteration"`
 	LazyParams []string `json:"lazy_params"`
-	AbsentKeys []string `json:"absent_keys"`
+	// LazySlots are, per lazily-absent parameter, the slots (name: shape)
+	// its optimizer gives it, when they are not AdamW's (dcpSlots).
+	LazySlots  map[string]map[string][]int64 `json:"lazy_slots"`
+	AbsentKeys []string                      `json:"absent_keys"`
 	Partial    *struct {
 		Param   string   `json:"param"`
 		Present []string `json:"present"`
@@ -106,15 +109,31 @@ func dcpTarget(t T, m *dcpManifest) *statedict.StateDict {
 	for i, p := range m.LazyParams {
 		shape, ok := shapes["model."+p]
 		require.True(t, ok, "lazily-absent parameter %q is declared by the checkpoint (model key present)", p)
-		for j, slot := range dcpSlots {
+		for j, slot := range lazySlots(m, p) {
 			tn := statedict.NewTensor(statedict.Float32)
-			if slot != statedict.SlotStep {
+			if s, ok := m.LazySlots[p][slot]; ok {
+				tn = statedict.NewTensor(statedict.Float32, s...)
+			} else if slot != statedict.SlotStep {
 				tn = statedict.NewTensor(statedict.Float32, shape...)
 			}
 			sd.Tensors[statedict.StateKey(statedict.DefaultOptimizerPrefix, p, slot)] = statedict.Whole(detbytes.Tensor(tn, uint64(1000+10*i+j)))
 		}
 	}
 	return sd
+}
+
+// lazySlots returns the slot names a resuming optimizer gives the lazily
+// absent parameter p: the manifest's, else AdamW's.
+func lazySlots(m *dcpManifest, p string) []string {
+	if s, ok := m.LazySlots[p]; ok {
+		names := make([]string, 0, len(s))
+		for n := range s {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return names
+	}
+	return dcpSlots
 }
 
 func hexSHA256(b []byte) string {
@@ -160,7 +179,7 @@ func caseDCPLazy(name string) func(t T, h *Harness) {
 		require.Equal(t, m.Iteration, rep.Iteration)
 		require.True(t, rep.OptimizerLoaded)
 		for _, p := range m.LazyParams {
-			for _, slot := range dcpSlots {
+			for _, slot := range lazySlots(m, p) {
 				k := statedict.StateKey(statedict.DefaultOptimizerPrefix, p, slot)
 				require.Equal(t, before.Tensors[k].Data, target.Tensors[k].Data, "%s must be left fresh", k)
 			}
@@ -179,10 +198,17 @@ func caseDCPLazy(name string) func(t T, h *Harness) {
 // (resume rule 2) through the store: the load fails naming the parameter
 // and the missing key, before touching the target or the store, and verify
 // says not resumable.
-func caseDCPPartial(t T, h *Harness) {
+func caseDCPPartial(t T, h *Harness) { caseDCPPartialOf("partial_optim")(t, h) }
+
+// caseDCPPartialOf is caseDCPPartial on the embedded checkpoint name.
+func caseDCPPartialOf(name string) func(t T, h *Harness) {
+	return func(t T, h *Harness) { dcpPartial(t, h, name) }
+}
+
+func dcpPartial(t T, h *Harness, name string) {
 	ctx := context.Background()
 	st := h.NewStore(t)
-	m := putDCP(t, st, "partial_optim")
+	m := putDCP(t, st, name)
 	require.NotNil(t, m.Partial, "fixture declares its partial state")
 	target := dcpTarget(t, m)
 	w := target.Tensors["model."+m.Partial.Param]

@@ -15,9 +15,12 @@ import (
 // which tests and CI both have.
 func TestEmbeddedDCPFixturesMatchTheSharedOnes(t *testing.T) {
 	for name, src := range map[string]string{
-		"lazy_moe2":     "../../shared/fixtures/dcp-torch2/lazy_moe2",
-		"sparse_optim":  "../../shared/fixtures/dcp-torch1.13/sparse_optim",
-		"partial_optim": "../interop/torchdcp/testdata/partial_optim",
+		"lazy_moe2":                  "../../shared/fixtures/dcp-torch2/lazy_moe2",
+		"sparse_optim":               "../../shared/fixtures/dcp-torch1.13/sparse_optim",
+		"partial_optim":              "../interop/torchdcp/testdata/partial_optim",
+		"torch214_adafactor":         "../interop/torchdcp/testdata/torch2.14/adafactor",
+		"torch214_muon_adamw":        "../interop/torchdcp/testdata/torch2.14/muon_adamw",
+		"torch214_adafactor_partial": "../interop/torchdcp/testdata/torch2.14/adafactor_partial",
 	} {
 		for _, obj := range []string{dcpMetadataKey, "__0_0.distcp"} {
 			want, err := os.ReadFile(filepath.Join(src, obj))

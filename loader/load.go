@@ -254,7 +254,7 @@ func (c *Checkpoint) Load(ctx context.Context, targets []*statedict.StateDict, o
 	switch {
 	case !opts.Transactional:
 		if err = ex.stream(ctx, true); err != nil && ex.touched.Load() {
-			err = fmt.Errorf("%w (%w; load with Options.Transactional to keep the targets intact)", err, ErrTargetsPartlyFilled)
+			err = fmt.Errorf("%w (%w; a transactional load keeps them intact: loader.Options.Transactional in Go, a checkpoint URL in ckptkit.torch.resume)", err, ErrTargetsPartlyFilled)
 		}
 	case plan.BytesRead > opts.StagingLimit:
 		mode = ModeVerifyThenCopy

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/planner"
 )
 
 // Errors a load or verify can classify with errors.Is.
@@ -167,7 +168,7 @@ func Open(ctx context.Context, st *backend.Store) (*Checkpoint, error) {
 		return nil, fmt.Errorf("open checkpoint %s: %w: this is a prefix holding checkpoints (e.g. %s); name one of them, or use the run's newest (ckpt latest)",
 			st, ErrNoCheckpoint, st.URL(path.Dir(nested)))
 	case sample != "":
-		return nil, fmt.Errorf("open checkpoint %s: %w (found %s but no metadata object %s)", st, ErrIncomplete, st.URL(sample), metadata.ObjectKey)
+		return nil, fmt.Errorf("open checkpoint %s: %w (found %s but no metadata object %s)", st, ErrIncomplete, st.URL(sample), expectedMetadata(formats, sample))
 	}
 	return nil, fmt.Errorf("open checkpoint %s: %w", st, ErrNoCheckpoint)
 }
@@ -218,4 +219,26 @@ func MissingObject(err error) error {
 		return fmt.Errorf("%w: %w", ErrMissingObject, err)
 	}
 	return err
+}
+
+// expectedMetadata names the metadata object a prefix holding sample lacks:
+// that of the format whose writer names its data objects like sample (the
+// native "rank-NNNNN-NNN.data" lacks ckptkit.metadata.json, a DCP save's "__0_0.<tag>.distcp" lacks ".metadata"), else every known
+// format's.
+func expectedMetadata(formats []metadata.Format, sample string) string {
+	if _, ok := planner.ParseObjectName(sample); ok {
+		return metadata.ObjectKey
+	}
+	for _, f := range formats {
+		if f.WrittenObject != nil {
+			if _, ok := f.WrittenObject(sample); ok {
+				return f.ObjectKey
+			}
+		}
+	}
+	names := make([]string, len(formats))
+	for i, f := range formats {
+		names[i] = f.ObjectKey
+	}
+	return strings.Join(names, " or ")
 }

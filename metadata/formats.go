@@ -27,6 +27,13 @@ type Format struct {
 	// (for example a foreign format's iteration, stored as a data item),
 	// reading items through read. Loaders call it once after Decode.
 	Complete func(c *Checkpoint, read ItemReader) error
+	// WrittenObject, when set, says whether rel (a key relative to a
+	// checkpoint prefix, not the metadata object) is a data object ckptkit
+	// writes in this format, and which save attempt wrote it: what lets gc
+	// expire a checkpoint of the format and delete an abandoned attempt's
+	// objects, never touching a name it cannot attribute. Nil for a format
+	// ckptkit only reads.
+	WrittenObject func(rel string) (attempt string, ok bool)
 }
 
 // ItemReader reads length bytes at offset of a data object of the

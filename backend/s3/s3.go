@@ -32,6 +32,7 @@ package s3
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -48,6 +49,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/minio/minio-go/v7"
@@ -184,7 +186,7 @@ func New(bucket string, opts Options) (*Driver, error) {
 		Secure:          !opts.Insecure,
 		Region:          opts.Region,
 		BucketLookup:    lookup,
-		Transport:       tr,
+		Transport:       schemeHint{tr},
 		TrailingHeaders: true,
 		// The Store owns retries (backend.RetryPolicy): one client-side
 		// attempt keeps the two layers from multiplying each other's.
@@ -194,6 +196,22 @@ func New(bucket string, opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("s3: client for endpoint %s: %w", opts.Endpoint, err)
 	}
 	return &Driver{bucket: bucket, opts: opts, client: client, core: minio.Core{Client: client}, transport: tr}, nil
+}
+
+// schemeHint makes an HTTPS request answered in plain HTTP (an endpoint
+// such as a local test server without insecure=true) a usage error that
+// says what to add, rather than an unclassified failure.
+type schemeHint struct{ http.RoundTripper }
+
+// RoundTrip sends req, classifying a scheme mismatch.
+func (s schemeHint) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.RoundTripper.RoundTrip(req)
+	// What http.Client turns into http.ErrSchemeMismatch, seen here first.
+	var rh tls.RecordHeaderError
+	if errors.As(err, &rh) && string(rh.RecordHeader[:]) == "HTTP/" {
+		err = ckpterr.WithClass(fmt.Errorf("%w: %w (the endpoint %s speaks plain HTTP: add insecure=true to the URL)", http.ErrSchemeMismatch, err, req.URL.Host), ckpterr.Usage)
+	}
+	return resp, err
 }
 
 // open is the backend.Opener of the "s3" scheme.

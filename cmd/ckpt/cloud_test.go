@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,6 +43,26 @@ func TestTrainS3CopyToGCSResume(t *testing.T) {
 	straight := trainJSON(t, "--url", t.TempDir(), "--steps", "12", "--save-every", "3")
 
 	trainJSON(t, "--url", s3, "--steps", "6", "--save-every", "3", "--ranks", "4")
+	// The URLs latest prints keep the store's non-secret options (the test
+	// server's endpoint): fed back as they are, they reach the same server.
+	for _, run := range []string{s3, gs} {
+		if run == gs {
+			code, _, errs := ckpt(t, "copy", ckpttest.WithPath(s3, "step-00000003"), ckpttest.WithPath(gs, "step-00000003"))
+			require.Equal(t, 0, code, errs)
+		}
+		code, out, errs := ckpt(t, "latest", "--json", run)
+		require.Equal(t, 0, code, errs)
+		var found struct {
+			URL        string               `json:"url"`
+			Checkpoint struct{ URL string } `json:"checkpoint"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(out), &found))
+		_, query, _ := strings.Cut(run, "?")
+		_, printed, _ := strings.Cut(found.Checkpoint.URL, "?")
+		require.Equal(t, sortedQuery(t, query), sortedQuery(t, printed), "latest keeps the options of %s: %s", run, found.Checkpoint.URL)
+		code, out, errs = ckpt(t, "verify", found.Checkpoint.URL)
+		require.Equal(t, 0, code, "%s\n%s", out, errs)
+	}
 	code, out, errs := ckpt(t, "copy", "--json", ckpttest.WithPath(s3, "step-00000006"), ckpttest.WithPath(gs, "step-00000006"))
 	require.Equal(t, 0, code, errs)
 	var res struct{ Objects int }
@@ -80,4 +101,29 @@ func TestDCPFixturesOnObjectStores(t *testing.T) {
 			require.Contains(t, out, "torch-1.13")
 		}
 	}
+}
+
+// sortedQuery returns a URL query re-encoded in sorted order.
+func sortedQuery(t *testing.T, raw string) string {
+	t.Helper()
+	q, err := url.ParseQuery(raw)
+	require.NoError(t, err)
+	return q.Encode()
+}
+
+// An https request answered in plain HTTP (a local S3 server without
+// insecure=true) is a usage error that says what to add, exit 2.
+func TestPlainHTTPEndpointSaysInsecure(t *testing.T) {
+	u := cloudURL(t, "CKPTKIT_TEST_S3_URL")
+	base, query, _ := strings.Cut(u, "?")
+	q, err := url.ParseQuery(query)
+	require.NoError(t, err)
+	if q.Get("insecure") != "true" {
+		t.Skip("the test server speaks https")
+	}
+	q.Del("insecure")
+	code, out, errs := ckpt(t, "ls", base+"?"+q.Encode())
+	require.Equal(t, 2, code, "%s%s", out, errs)
+	require.Contains(t, errs, "add insecure=true to the URL")
+	require.NotContains(t, errs, "is reachable", "no misleading hint")
 }

@@ -42,8 +42,11 @@ bytes (whatever the sharding), or with --tolerance X numerically: a tensor
 differs when the maximum absolute difference of its elements exceeds X.
 float32/float64/float16/bfloat16 and all integer types decode to numbers,
 bool to 0/1, complex64 by the modulus of the difference; NaN equals NaN at
-the same position and differs infinitely from a number. Bytes values are
-always compared exactly. Tensors are streamed, both sides in step, so
+the same position and differs infinitely from a number. Bytes values
+(param groups, scheduler, step) are compared as values: JSON on both sides
+(a DCP item's pickled value decoded) compares numbers by value (0 = 0.0),
+lists element-wise and objects member-wise, so the same state saved as DCP
+and natively is identical; other values byte for byte. Tensors are streamed, both sides in step, so
 memory does not follow tensor size.
 Progress (keys compared / total, rate, ETA) is shown on a terminal.
 Exit 0 when identical, 1 when different, 3 when nothing is stored under A

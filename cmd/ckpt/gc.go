@@ -123,7 +123,8 @@ Never deleted: the newest valid checkpoint (the one "ckpt latest" prints);
 anything newer than it that is younger than --grace (a save may be writing
 it; older ones that fail verification are kept for inspection); uncommitted
 prefixes younger than --grace; prefixes holding any object ckptkit did not
-write, including foreign formats. Uncommitted prefixes older than --grace
+write (DCP checkpoints torch wrote itself are kept; those of
+ckptkit.torch.save are expired like native ones). Uncommitted prefixes older than --grace
 are abandoned saves and are removed. Under committed checkpoints, data
 objects older than --grace that the metadata does not name (a save attempt
 that lost the commit to a concurrent writer, or one an overwrite replaced)

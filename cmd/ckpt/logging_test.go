@@ -102,7 +102,7 @@ func TestVerboseLogsRetries(t *testing.T) {
 	u := slowDownS3(t)
 	code, _, errs := ckpt(t, "-vv", "ls", u)
 	require.Equal(t, 5, code, errs)
-	require.Regexp(t, `level=DEBUG msg="storage retry" store=s3://bucket/run`, errs)
+	require.Regexp(t, `level=DEBUG msg="storage retry" store="s3://bucket/run\?`, errs)
 }
 
 // A storage error names its URL once (catalog wrapped the Store's error,

@@ -101,6 +101,9 @@ func storageHint(err error, rawURL string) string {
 	}
 	q := u.Query()
 	var ne net.Error
+	if ckpterr.ClassOf(err) == ckpterr.Usage {
+		return "" // the error itself says what to change
+	}
 	if ckpterr.ClassOf(err) != ckpterr.Access {
 		if !errors.As(err, &ne) {
 			return ""

@@ -22,6 +22,7 @@ type trainFlags struct {
 	saveEvery   int64
 	ranks       int
 	resume      bool
+	allowFresh  bool
 	seed        uint64
 	json        bool
 	noSaveOptim bool
@@ -60,7 +61,7 @@ type trainResult struct {
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume | --force] [--async] [--state-size SIZE]",
+		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async] [--state-size SIZE]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -108,6 +109,7 @@ Progress (steps done / total, rate, ETA) is shown on a terminal.`,
 	fl.Int64Var(&f.saveEvery, "save-every", 3, "save a checkpoint every K steps (0: never)")
 	fl.IntVar(&f.ranks, "ranks", 1, "number of simulated ranks the state is sharded over")
 	fl.BoolVar(&f.resume, "resume", false, "continue from the newest committed, valid checkpoint under RUN_URL")
+	fl.BoolVar(&f.allowFresh, "allow-fresh", false, "with --resume: start from step 0 when nothing is stored under RUN_URL (without it that exits 3: a mistyped URL must not start a new run)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the model, the data and the teacher")
 	fl.BoolVar(&f.json, "json", false, jsonHelp)
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
@@ -168,7 +170,12 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 					return bad(fmt.Errorf("resume: every committed checkpoint under %s failed verification (newest: %s: %s); fix or remove them, or train without --resume", run, s.Entry.URL, s.Reason))
 				}
 			}
-			logf("no committed checkpoint under %s; starting from step 0", run)
+			if !f.allowFresh {
+				if perr := requirePath(ctx, run); perr != nil {
+					return fmt.Errorf("resume: %w; pass --allow-fresh to start a new run there", perr)
+				}
+			}
+			logf("fresh start: no committed checkpoint under %s; starting from step 0", run)
 		case err != nil:
 			return err
 		default:

@@ -209,3 +209,21 @@ func TestTrainResumeFallsBackPastCorruptCheckpoint(t *testing.T) {
 	require.Equal(t, 1, code, errs)
 	require.Contains(t, errs, "no older checkpoint is valid")
 }
+
+// --resume of a URL under which nothing is stored (a typo) exits 3 and
+// starts nothing; with --allow-fresh it starts a new run from step 0 and
+// says so.
+func TestResumeOfNothingNeedsAllowFresh(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "runn")
+	code, out, errs := ckpt(t, "train", "--url", run, "--steps", "3", "--save-every", "3", "--resume")
+	require.Equal(t, 3, code, "%s%s", out, errs)
+	require.Contains(t, errs, "no such path")
+	require.Contains(t, errs, "--allow-fresh")
+	_, err := os.Stat(run)
+	require.True(t, os.IsNotExist(err), "nothing was written")
+
+	code, out, errs = ckpt(t, "train", "--url", run, "--steps", "3", "--save-every", "3", "--resume", "--allow-fresh")
+	require.Equal(t, 0, code, "%s%s", out, errs)
+	require.Contains(t, errs, "fresh start")
+	require.FileExists(t, filepath.Join(run, "step-00000003", "ckptkit.metadata.json"))
+}

@@ -57,7 +57,7 @@ func TestSIGKILLDuringSaves(t *testing.T) {
 				time.Sleep(time.Duration(rand.Int64N(int64(ref.elapsed) + 1)))
 				_ = cmd.Process.Kill()
 				_ = cmd.Wait()
-				res := run(t, 2*time.Minute, append(trainArgs(url), "--resume")...)
+				res := run(t, 2*time.Minute, append(trainArgs(url), "--resume", "--allow-fresh")...)
 				var got trainOut
 				ok := res.code == 0 && lastJSON(res.out, &got) == nil && got.WeightsSHA256 == want.WeightsSHA256
 				if ok {

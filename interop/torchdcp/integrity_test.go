@@ -327,3 +327,14 @@ func TestIntegrityCensusJudgesEachParameter(t *testing.T) {
 	require.ErrorIs(t, err, torchdcp.ErrMalformed)
 	require.Contains(t, err.Error(), "param_slots[0]")
 }
+
+// An uncommitted DCP save (fixture ckptkit_run/step-00000010: a save's data
+// file and integrity object, no .metadata) is incomplete, and the error
+// names the metadata object its format lacks, not the native one.
+func TestUncommittedDCPSaveNamesDotMetadata(t *testing.T) {
+	dir, err := filepath.Abs(filepath.Join("testdata", "ckptkit_run", "step-00000010"))
+	require.NoError(t, err)
+	_, err = loader.Open(context.Background(), openDir(t, dir))
+	require.ErrorIs(t, err, loader.ErrIncomplete)
+	require.Contains(t, err.Error(), "but no metadata object .metadata)")
+}

@@ -65,7 +65,8 @@ type Difference struct {
 type Options struct {
 	// UseTolerance compares tensors numerically: a tensor differs when the
 	// maximum absolute difference of its elements exceeds Tolerance.
-	// Bytes values are always compared exactly.
+	// Bytes values are compared as values (sameValue): numbers by value,
+	// lists element-wise, so the same state saved in two formats is equal.
 	UseTolerance bool
 	Tolerance    float64
 	// Progress, when set, is called after each key.
@@ -185,6 +186,9 @@ func compareKey(ctx context.Context, a, b *loader.Checkpoint, key string, opts O
 		d.MaxAbsDiff, d.Elements = &m, over
 		return d, n, nil
 	}
+	if at == nil {
+		return compareValues(ctx, a, b, d)
+	}
 	ha, na, err := hashKey(ctx, a, key, at != nil)
 	if err != nil {
 		return nil, 0, err
@@ -198,6 +202,27 @@ func compareKey(ctx context.Context, a, b *loader.Checkpoint, key string, opts O
 	}
 	d.SHA256A, d.SHA256B = ha, hb
 	return d, na + nb, nil
+}
+
+// compareValues compares one bytes key as values (sameValue); it returns
+// nil when they are the same, else d with both sides' SHA-256, and the
+// number of bytes read.
+func compareValues(ctx context.Context, a, b *loader.Checkpoint, d *Difference) (*Difference, int64, error) {
+	va, err := a.ReadBytes(ctx, d.Key)
+	if err != nil {
+		return nil, 0, err
+	}
+	vb, err := b.ReadBytes(ctx, d.Key)
+	if err != nil {
+		return nil, 0, err
+	}
+	n := int64(len(va) + len(vb))
+	if sameValue(va, vb) {
+		return nil, n, nil
+	}
+	ha, hb := sha256.Sum256(va), sha256.Sum256(vb)
+	d.SHA256A, d.SHA256B = hex.EncodeToString(ha[:]), hex.EncodeToString(hb[:])
+	return d, n, nil
 }
 
 // hashKey returns the SHA-256 of one key's row-major bytes and their

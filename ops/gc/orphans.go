@@ -13,7 +13,6 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
-	"github.com/ckptkit/ckptkit/metadata"
 )
 
 // Orphan is a data object under a committed checkpoint that its metadata
@@ -35,7 +34,7 @@ type Orphan struct {
 func FindOrphans(ctx context.Context, run *backend.Store, entries []catalog.Entry, skip map[string]bool, grace time.Duration, now time.Time) ([]Orphan, error) {
 	out := []Orphan{}
 	for _, e := range entries {
-		if skip[e.Name] || !e.Committed || e.Format != metadata.FormatName || e.Attempts < 2 || e.ForeignObjects > 0 {
+		if skip[e.Name] || !e.Committed || !catalog.WrittenFormat(e.Format) || e.Attempts < 2 || e.ForeignObjects > 0 {
 			continue
 		}
 		st, err := run.Sub(e.Name)
@@ -54,7 +53,7 @@ func FindOrphans(ctx context.Context, run *backend.Store, entries []catalog.Entr
 			named[o.Key] = true
 		}
 		err = st.List(ctx, "", func(o backend.ObjectInfo) error {
-			if named[o.Key] || o.Key == metadata.ObjectKey || !catalog.OwnedObject(o.Key) {
+			if named[o.Key] || catalog.IsMetadataObject(o.Key) || !catalog.OwnedObject(o.Key) {
 				return nil
 			}
 			if o.ModTime.IsZero() || now.Sub(o.ModTime) < grace {
@@ -85,7 +84,7 @@ func DeleteOrphans(ctx context.Context, run *backend.Store, orphans []Orphan, op
 	// never leaves deletes running unwatched.
 	for _, o := range orphans {
 		rel := strings.TrimPrefix(o.Key, o.Checkpoint+"/")
-		if rel == o.Key || rel == metadata.ObjectKey || !catalog.OwnedObject(rel) {
+		if rel == o.Key || catalog.IsMetadataObject(rel) || !catalog.OwnedObject(rel) {
 			return 0, 0, fmt.Errorf("%w: %s is not an orphan data object", ErrPolicy, run.URL(o.Key))
 		}
 	}

@@ -3,6 +3,7 @@ package gc_test
 import (
 	"context"
 	"path"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -71,7 +72,7 @@ func TestGCRemovesLosingAndReplacedAttempts(t *testing.T) {
 				for _, o := range c.Metadata().Objects {
 					named[o.Key] = true
 				}
-				name := st.String()[len(run.String())+1:]
+				name := strings.TrimSuffix(strings.TrimPrefix(st.Prefix(), run.Prefix()), "/")
 				for k := range objectKeys(t, st) {
 					if !named[k] {
 						want[name+"/"+k] = true

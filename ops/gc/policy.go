@@ -5,8 +5,10 @@
 // committed, then its data objects in parallel.
 //
 // gc deletes only what ckptkit wrote: prefixes whose every object has a
-// name ckptkit writes (catalog.OwnedObject), committed in the native
-// format or not committed at all. It never deletes the newest valid
+// name ckptkit writes (catalog.OwnedObject), committed in a format ckptkit
+// writes (native, or the DCP checkpoints of ckptkit.torch.save when the
+// torchdcp package is linked: catalog.WrittenFormat) or not committed at
+// all. It never deletes the newest valid
 // checkpoint, nor anything newer than it, nor an uncommitted prefix
 // younger than the grace period (a save may be writing it).
 package gc
@@ -18,7 +20,6 @@ import (
 	"github.com/ckptkit/ckptkit/ckpterr"
 
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/metadata"
 )
 
 // ErrPolicy reports an invalid retention policy.
@@ -85,8 +86,8 @@ func Decide(entries []catalog.Entry, newestValid string, p Policy, now time.Time
 		d := Decision{Entry: e}
 		age := e.Age(now)
 		young := func(limit time.Duration) bool { return age < 0 || age < limit }
-		native := e.Committed && e.Format == metadata.FormatName
-		if native && validStep >= 0 && e.Step <= validStep {
+		ours := e.Committed && catalog.WrittenFormat(e.Format)
+		if ours && validStep >= 0 && e.Step <= validStep {
 			kept++
 		}
 		switch {
@@ -94,7 +95,7 @@ func Decide(entries []catalog.Entry, newestValid string, p Policy, now time.Time
 			d.Reason = "newest valid checkpoint"
 		case e.ForeignObjects > 0:
 			d.Reason = fmt.Sprintf("holds %d object(s) ckptkit did not write", e.ForeignObjects)
-		case e.Committed && !native:
+		case e.Committed && !ours:
 			d.Reason = fmt.Sprintf("format %q was not written by ckptkit", e.Format)
 		case !e.Committed && young(p.Grace):
 			d.Reason = "uncommitted and younger than the grace period: a save may be writing it"

@@ -285,19 +285,21 @@ def test_failed_cleanup_is_logged_and_the_save_stands(file_url, caplog, monkeypa
     assert old[0] in left and not any(k in left for k in old[1:])
 
 
-def test_ckpt_gc_keeps_every_object_of_dcp_checkpoints(file_url):
-    """gc never deletes what a committed DCP checkpoint references (it keeps
-    prefixes holding objects ckptkit's native saver does not name)."""
+def test_ckpt_gc_expires_dcp_checkpoints_storage_writer_wrote(file_url):
+    """gc expires the DCP checkpoints StorageWriter wrote (every object is
+    named for its save) by the same policy as native ones: --keep-last 1
+    deletes steps 1 and 2 whole and leaves every object of step 3, which
+    still loads."""
     run = file_url + "/run"
     for step in (1, 2, 3):
         dcp.save(_state(step), storage_writer=StorageWriter(f"{run}/step-{step:08d}", part_size=4096))
-    before = {step: _keys(f"{run}/step-{step:08d}") for step in (1, 2, 3)}
+    before = _keys(f"{run}/step-00000003")
     r = ckpt_cli("gc", run, "--keep-last", "1", "--grace", "0s")
     assert r.returncode == 0, r.stdout + r.stderr
-    for step in (1, 2, 3):
-        url = f"{run}/step-{step:08d}"
-        assert _keys(url) == before[step]
-        _assert_equal(_load(url), _state(step))
+    for step in (1, 2):
+        assert _keys(f"{run}/step-{step:08d}") == set()
+    assert _keys(f"{run}/step-00000003") == before
+    _assert_equal(_load(f"{run}/step-00000003"), _state(3))
 
 
 @pytest.mark.parametrize("backend", ["file", "s3"])
