@@ -48,3 +48,22 @@ func TestEveryCommandRefusesAForbiddenGlobalInAnyDCPBytesItem(t *testing.T) {
 	}
 	assert.NoFileExists(t, filepath.Join(dst, ".metadata"))
 }
+
+// Issue 29: latest passes over a committed checkpoint whose open fails as a
+// bad checkpoint (here a forbidden global in a bytes item) for the next
+// older one that verifies, naming the skipped one's key and global.
+func TestLatestFallsBackPastAForbiddenGlobal(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", filepath.Join(run, "step-00000001"))
+	bad := filepath.Join(run, "step-00000002")
+	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", bad)
+	ckpttest.PlantForbiddenGlobal(t, bad, "optimizer.param_groups.0.lr")
+	for _, args := range [][]string{{"latest", run}, {"latest", "--deep", run}} {
+		code, out, errs := ckpt(t, args...)
+		require.Equal(t, 0, code, "%v: %s%s", args, out, errs)
+		assert.Contains(t, out, "step-00000001", args)
+		assert.Contains(t, errs, "step-00000002", args)
+		assert.Contains(t, errs, "posix.system", args)
+		assert.Contains(t, errs, "optimizer.param_groups.0.lr", args)
+	}
+}

@@ -43,7 +43,7 @@ class Payload:
 GLOBAL = f"{os.system.__module__}.system"  # posix.system
 
 
-def _hostile_save(run_url, marker, writer):
+def _hostile_save(run_url, marker, writer, step=1):
     """A real checkpoint (step 1 of run_url) whose KEY item is the payload:
     written by ckptkit.torch.save (StorageWriter, with CRC32Cs) or by
     torch's FileSystemWriter (no CRC32Cs). Returns the checkpoint URL."""
@@ -53,11 +53,11 @@ def _hostile_save(run_url, marker, writer):
     opt.param_groups[0]["lr"] = Payload(marker)
     try:
         if writer == "ckptkit":
-            return save(run_url, m, opt, step=1, scheduler=sched)
+            return save(run_url, m, opt, step=step, scheduler=sched)
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         msd, osd = get_state_dict(m, opt)
-        url = sub_url(run_url, "step-00000001")
+        url = sub_url(run_url, f"step-{step:08d}")
         dcp.save({"model": msd, "optimizer": osd}, storage_writer=dcp.FileSystemWriter(url[len("file://"):]))
         return url
     finally:
@@ -145,6 +145,27 @@ def _same_length(item, length):
     base = build(0)
     assert len(base) <= length, (len(base), length)
     return build(length - len(base))
+
+
+@pytest.mark.parametrize("writer", ["ckptkit", "torch"])
+def test_resume_of_a_run_falls_back_past_the_payload(file_url, tmp_path, writer):
+    """The newest checkpoint of a run holds the payload: resume (and
+    StorageReader on the run) take the older valid one, naming the skipped
+    one's key and global."""
+    marker = tmp_path / "PWNED"
+    run = sub_url(file_url, "run")
+    m, opt, sched = make()
+    train(m, opt, sched, 1)
+    save(run, m, opt, step=1, scheduler=sched)
+    _hostile_save(run, marker, writer, step=2)
+    m2, opt2, sched2 = make(seed=3)
+    rep = resume(run, m2, opt2, scheduler=sched2)
+    assert rep.checkpoint_step == 1
+    reasons = " ".join(s.get("reason", "") for s in rep.skipped)
+    assert KEY in reasons and GLOBAL in reasons, rep.skipped
+    for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(a, b)
+    assert not marker.exists()
 
 
 def test_storage_reader_checks_items_it_reads_itself(file_url, tmp_path, monkeypatch):
