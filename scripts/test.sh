@@ -46,15 +46,12 @@ fi
 # torch Debian ships) with the S3/GCS servers above. With CI=true an
 # environment is built if missing and a failed set-up fails the run;
 # otherwise a missing environment skips its suite, loudly.
-# CKPTKIT_TORCH_SUITES picks the environments: default trixie only, until
-# the suite passes on forky's torch 2.14 (two known failures, issue #22:
-# torch 2.14 adds param-group and scheduler fields a 2.6-written checkpoint
-# lacks, and a DCP load error arrives as AssertionError not IncompleteError);
-# CKPTKIT_TORCH_SUITES="trixie forky" runs both.
+# CKPTKIT_TORCH_SUITES picks the environments: default both, trixie (torch
+# 2.6) and forky (torch 2.14); CKPTKIT_TORCH_SUITES=trixie runs one.
 py_status=0
 built=
 ran=()
-for suite in ${CKPTKIT_TORCH_SUITES:-trixie}; do
+for suite in ${CKPTKIT_TORCH_SUITES:-trixie forky}; do
 	env_dir=$HOME/.cache/ckptkit/torch-env
 	[[ $suite == trixie ]] || env_dir=$env_dir-$suite
 	# An environment built with an older package list is topped up in place.

@@ -46,6 +46,24 @@ def test_dtensor_sharded_state_resumes_on_2_and_1_ranks(backend, tmp_path):
     _equal(saved, one, keys)
 
 
+def test_fsdp2_fully_shard_saves_on_2_ranks_and_resumes_on_2_and_1(tmp_path):
+    """FSDP2 itself (fully_shard on a CPU gloo mesh), where the torch build
+    runs it (a feature test in the worker: torch 2.6's does not)."""
+    url = "file://" + str(tmp_path / "run")
+    saved = run("fsdp2-save", 2, url, tmp_path / "save")
+    if "unsupported" in saved:
+        pytest.skip(saved["unsupported"])
+    lazy = sorted(f"experts.1.{w}.{p}" for w in ("w_in", "w_out") for p in ("weight", "bias"))
+    assert not any(k.startswith("optim.experts.1.") for k in saved)
+    keys = [k for k in saved if k.startswith(("model.", "optim."))]
+    two = run("fsdp2-resume", 2, url, tmp_path / "r2")
+    assert two["step"] == 3 and two["lazy"] == lazy and two["lr"] == saved["lr"]
+    _equal(saved, two, keys)
+    one = run("resume-plain", 1, url, tmp_path / "r1")
+    assert one["step"] == 3 and one["lazy"] == lazy and one["lr"] == saved["lr"]
+    _equal(saved, one, keys)
+
+
 def test_ddp_resumes_on_2_and_1_ranks(tmp_path):
     url = "file://" + str(tmp_path / "run")
     saved = run("ddp-save", 2, url, tmp_path / "save")

@@ -221,9 +221,20 @@ def test_resumes_a_checkpoint_torch_wrote_with_lazy_state():
     with open(os.path.join(path, "expected.json")) as f:
         want = {k["key"]: k for k in json.load(f)["keys"]}
     m, opt, sched = make(seed=11)
+    fresh_groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
     rep = resume("file://" + os.path.abspath(path), m, opt, scheduler=sched)
     assert sorted(rep.lazy_params) == sorted(EXPERT1)
     assert rep.optimizer_loaded
+    # Fields a newer torch added to the param groups and the scheduler are
+    # not in this torch-2.6 checkpoint: they keep their current values.
+    newer = [f"optimizer.param_groups.0.{k}" for k in fresh_groups[0] if k in ("decoupled_weight_decay",)]
+    newer += ["scheduler._is_initial"] if "_is_initial" in sched.state_dict() else []
+    assert set(newer) <= set(rep.kept_fields), rep.kept_fields
+    assert all(k.startswith(("optimizer.param_groups.0.", "scheduler.")) for k in rep.kept_fields), rep.kept_fields
+    for k in rep.kept_fields:
+        field = k.rsplit(".", 1)[1]
+        if k.startswith("optimizer."):
+            assert opt.param_groups[0][field] == fresh_groups[0][field], k
     for n, t in m.state_dict().items():
         assert _sha(t) == want["model." + n]["sha256"], n
     names = dict(m.named_parameters())

@@ -7,12 +7,14 @@ as one call.
     rep = resume("s3://b/run7?endpoint=...", model, optim, scheduler=sched)
     start = 0 if rep is None else rep.step
 
-Supported: torch >= 2.4 (tested on 2.6); plain modules, DDP, and
+Supported: torch >= 2.4 (tested on 2.6 and 2.14); any torch.optim.Optimizer
+(or one following its protocol) or a list of them; plain modules, DDP, and
 DTensor-sharded parameters (the FSDP2 layout), on any world size; resuming on
 another world size. docs/TORCH.md documents it.
 """
 
 import base64
+import collections
 import json
 import logging
 import uuid
@@ -31,11 +33,11 @@ from ckptkit.errors import (
 
 from . import _async
 from ._async import AsyncSave, AsyncSaver
-from ._storage import Checkpoint, StorageReader, StorageWriter, decode_integrity, encode_integrity
+from ._storage import Checkpoint, StorageReader, StorageWriter, census_members, decode_integrity, encode_integrity
 
 __all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
            "AsyncSave", "AsyncSaver",
-           "encode_integrity", "decode_integrity"]
+           "encode_integrity", "decode_integrity", "census_members"]
 
 log = logging.getLogger("ckptkit")
 
@@ -83,17 +85,43 @@ def _param_names(model):
     return {id(p): name for name, p in _unwrap(model).named_parameters()}
 
 
+_PROTOCOL = ("state", "param_groups", "state_dict", "load_state_dict", "step")
+
+
+def _optimizers(optimizer):
+    """The optimizers of optimizer (one, or a list or tuple of them) as a
+    list. Each must follow torch.optim.Optimizer's protocol (state,
+    param_groups, state_dict, load_state_dict, step)."""
+    if optimizer is None:
+        return []
+    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if not opts:
+        raise UsageError("the list of optimizers is empty")
+    for o in opts:
+        missing = [a for a in _PROTOCOL if not hasattr(o, a)]
+        if missing:
+            raise UsageError(f"{type(o).__name__} is not an optimizer: it lacks {', '.join(missing)} "
+                             "(torch.optim.Optimizer's protocol)")
+    return opts
+
+
 def _group_fqns(model, optimizer):
-    """The FQNs of each param group's parameters, in group order."""
+    """The FQNs of each param group's parameters, in group order (the groups
+    of every optimizer of a list, in list order)."""
     names = _param_names(model)
     out = []
-    for g in optimizer.param_groups:
-        fqns = []
-        for p in g["params"]:
-            if id(p) not in names:
-                raise UsageError("the optimizer holds a parameter that is not a parameter of the model")
-            fqns.append(names[id(p)])
-        out.append(fqns)
+    seen = set()
+    for o in _optimizers(optimizer):
+        for g in o.param_groups:
+            fqns = []
+            for p in g["params"]:
+                if id(p) not in names:
+                    raise UsageError("the optimizer holds a parameter that is not a parameter of the model")
+                if id(p) in seen:
+                    raise UsageError(f"parameter {names[id(p)]} is in two param groups (or two optimizers)")
+                seen.add(id(p))
+                fqns.append(names[id(p)])
+            out.append(fqns)
     return out
 
 
@@ -101,22 +129,39 @@ def _optimizer_state(model, optimizer):
     """The optimizer's state keyed by parameter FQN, as torch's
     get_optimizer_state_dict lays it out (state.<fqn>.<slot>,
     param_groups.<i>.<field>, params listing FQNs), without initialising
-    any state."""
-    osd = optimizer.state_dict()
-    fqns = _group_fqns(model, optimizer)
-    idx2fqn = {}
-    i = 0
-    for group in fqns:
-        for f in group:
-            idx2fqn[i] = f
-            i += 1
-    state = {idx2fqn[idx]: dict(s) for idx, s in osd["state"].items()}
-    groups = []
-    for g, names in zip(osd["param_groups"], fqns):
-        g = dict(g)
-        g["params"] = list(names)
-        groups.append(g)
+    any state. A list of optimizers gives one merged state: every
+    optimizer's state by FQN, the param groups concatenated in list order
+    (get_optimizer_state_dict(model, [o1, o2]))."""
+    state, groups = {}, []
+    for o in _optimizers(optimizer):
+        osd = o.state_dict()
+        fqns = _group_fqns(model, o)
+        idx2fqn = {}
+        i = 0
+        for group in fqns:
+            for f in group:
+                idx2fqn[i] = f
+                i += 1
+        state.update({idx2fqn[idx]: dict(s) for idx, s in osd["state"].items()})
+        for g, names in zip(osd["param_groups"], fqns):
+            g = dict(g)
+            g["params"] = list(names)
+            groups.append(g)
     return {"state": state, "param_groups": groups}
+
+
+def _census(osd):
+    """{fqn: slot names, or None for a parameter without saved state} of a
+    merged optimizer state (what StorageWriter's census records). A slot
+    name is a key suffix the checkpoint holds under
+    optimizer.state.<fqn>. (a nested value's path joined with '.')."""
+    out = {}
+    for g in osd["param_groups"]:
+        for f in g["params"]:
+            out[f] = None
+    for f, st in osd["state"].items():
+        out[f] = list(flatten_state_dict(st)[0]) if isinstance(st, dict) else []
+    return out
 
 
 def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer=True, extra_state=None,
@@ -126,6 +171,10 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     unless save_optimizer=False, which still saves the step and the
     scheduler and records the optimizer as deliberately omitted), the
     scheduler, the step and extra_state (a dict of further top-level keys).
+    optimizer is a torch.optim.Optimizer (or one following its protocol) or
+    a list or tuple of them, saved as one merged state (the layout of
+    torch's get_optimizer_state_dict(model, [o1, o2])); the integrity object
+    records its census (each parameter's slot names).
 
     By default it writes a DCP checkpoint through StorageWriter and returns
     the checkpoint URL once committed. With async_save=True the Go core's
@@ -139,9 +188,11 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     previous one."""
     sd = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
     record = "none"
+    census = None
     if optimizer is not None:
         if save_optimizer:
             sd[OPTIMIZER_KEY] = _optimizer_state(model, optimizer)
+            census = _census(sd[OPTIMIZER_KEY])
             record = "saved"
         else:
             record = "omitted"
@@ -155,7 +206,7 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
         sd[k] = v
     url = step_url(run_url, step)
     if async_save:
-        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options)
+        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options, census)
     if staging_bytes is not None:
         raise UsageError("staging_bytes is a parameter of async_save=True")
     prev = _async.current_saver()
@@ -163,14 +214,14 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
         # Never overlap the asynchronous save in flight; its failure, if
         # nothing reported it yet, is this save's error.
         prev.idle()
-    dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, **writer_options))
+    dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, census=census, **writer_options))
     return url
 
 
 _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
 
 
-def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options):
+def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, census=None):
     unknown = set(writer_options) - _ASYNC_OPTIONS
     if unknown:
         raise UsageError(f"async_save=True takes {sorted(_ASYNC_OPTIONS)}, not {sorted(unknown)}")
@@ -194,6 +245,10 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options):
             "overwrite": bool(writer_options.get("overwrite", False)),
             "concurrency": int(writer_options.get("concurrency", 0)),
             "max_object_bytes": int(writer_options.get("part_size", 0))}
+    if census:
+        # The slot names the optimizer's state holds (the native metadata's
+        # optimizer_slots; the Go saver's default is AdamW's).
+        spec["optimizer_slots"] = sorted({s for slots in census.values() for s in slots or ()})
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # Ranks are processes: the Go saver of each coordinates through
         # objects under the run's _coord/ prefix, in a session rank 0 names.
@@ -235,27 +290,80 @@ class ResumeReport:
     #: Bytes read and read requests.
     bytes_read: int = 0
     read_requests: int = 0
+    #: Param-group and scheduler fields (keys) the checkpoint lacks while it
+    #: holds the others (saved by an older torch): they kept their current
+    #: values (logged once, WARNING).
+    kept_fields: list = field(default_factory=list)
 
 
-def _slots(optimizer):
-    """The per-parameter slot names and their fresh templates for the
-    optimizer type (Adam, AdamW)."""
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        raise UnsupportedError(
-            f"resume knows the per-parameter state of Adam and AdamW, not {type(optimizer).__name__}; "
-            "load it with dcp.load(storage_reader=StorageReader(url)) instead")
+def _scratch_optimizer(opt, groups):
+    """A new optimizer of opt's class over groups (scratch parameters, each
+    group with opt's hyper-parameters), built by the class's own code: its
+    constructor with opt's defaults, its constructor alone (every
+    hyper-parameter is in the groups), or, for constructors that take
+    neither, the way unpickling builds one (``__setstate__``, which every
+    torch.optim.Optimizer has). Nothing of opt is shared but read-only
+    hyper-parameter values: not its state, groups, hooks or step wrappers
+    (an LRScheduler patches opt.step)."""
+    cls = type(opt)
+    defaults = dict(getattr(opt, "defaults", None) or {})
+    errors = []
+    for how in ("defaults", "groups", "setstate"):
+        try:
+            if how == "defaults":
+                return cls(groups, **defaults)
+            if how == "groups":
+                return cls(groups)
+            scratch = cls.__new__(cls)
+            scratch.__setstate__({"defaults": defaults, "state": collections.defaultdict(dict), "param_groups": groups})
+            return scratch
+        except Exception as e:  # noqa: BLE001 - the next way, then the errors of all
+            errors.append(f"{how}: {type(e).__name__}: {e}")
+    raise UnsupportedError(f"cannot build a scratch {cls.__name__} to learn its fresh per-parameter state "
+                           f"({'; '.join(errors)}); load it with dcp.load(storage_reader=StorageReader(url)) instead")
 
-    def make(p, group):
-        out = {
-            "step": torch.zeros((), dtype=torch.float32, device=p.device if group.get("capturable") or group.get("fused") else "cpu"),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-        }
-        if group.get("amsgrad"):
-            out["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        return out
 
-    return ["step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"], make
+def _fresh_state(opt, names):
+    """{fqn: fresh state} for the parameters of opt: each parameter's
+    per-parameter state as the optimizer's own step creates it (the slots,
+    their shapes, dtypes and devices, and non-tensor values), from one step
+    with zero gradients of a scratch optimizer of the same class over
+    scratch parameters (zeros of each parameter's shape, dtype and device)
+    with the same param groups and hyper-parameters. opt, its parameters
+    and its hyper-parameters are not touched, nor the random number
+    generators. Parameters that get no state (requires_grad False, or a
+    stateless optimizer) are left out. The values are placeholders the load
+    overwrites; the parameters without saved state (lazily absent) are not
+    given any."""
+    pairs, groups, devices = [], [], set()
+    for g in opt.param_groups:
+        ps = []
+        for p in g["params"]:
+            q = torch.zeros_like(p.detach(), memory_format=torch.preserve_format)
+            if p.requires_grad:
+                q.requires_grad_(True)
+                q.grad = torch.zeros_like(q)
+            if p.device.type == "cuda":
+                devices.add(p.device.index)
+            ps.append(q)
+            pairs.append((names[id(p)], q))
+        g2 = {k: v for k, v in g.items() if k != "params"}
+        g2["params"] = ps
+        groups.append(g2)
+    scratch = _scratch_optimizer(opt, groups)
+    try:
+        with torch.random.fork_rng(devices=sorted(devices)):
+            scratch.step()
+    except Exception as e:
+        raise UnsupportedError(f"cannot learn {type(opt).__name__}'s fresh per-parameter state: its step with zero "
+                               f"gradients on scratch parameters failed ({type(e).__name__}: {e}); load it with "
+                               "dcp.load(storage_reader=StorageReader(url)) instead") from e
+    out = {}
+    for fqn, q in pairs:
+        st = scratch.state.get(q)
+        if st:
+            out[fqn] = dict(st)
+    return out
 
 
 def _local(t):
@@ -274,6 +382,21 @@ def _local(t):
     return t, list(t.shape), None
 
 
+def _like(v, template):
+    """A loaded value v with the Python types of the target's value template
+    where the stored form lost them: the Go core hands values over as JSON,
+    in which a float with an integral value reads back as an int (a
+    float step 3.0 as 3) and a tuple as a list."""
+    if isinstance(template, float) and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(template, (tuple, list)) and isinstance(v, (list, tuple)):
+        items = [_like(x, t) for x, t in zip(v, template)] if len(v) == len(template) else list(v)
+        return tuple(items) if isinstance(template, tuple) else items
+    if isinstance(template, dict) and isinstance(v, dict):
+        return {k: _like(x, template.get(k)) for k, x in v.items()}
+    return v
+
+
 def _decode_bytes(raw):
     if raw[:4] == b"PK\x03\x04":
         import io
@@ -288,6 +411,13 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     from the newest committed checkpoint of the run at url that verifies (as
     `ckpt latest`); returns a ResumeReport, or None when the run has no
     committed checkpoint.
+
+    optimizer is what save took (an optimizer, or a list of them in the
+    same order). Each parameter's expected optimizer state is what the
+    optimizer's own step makes for it (learnt from a scratch optimizer of
+    the same class over scratch parameters, touching neither the optimizer
+    nor the model). Param-group and scheduler fields the checkpoint lacks
+    (added by a newer torch) keep their current values (``kept_fields``).
 
     The Go core applies every rule of docs/RESUME.md and reads and checks
     every byte before anything is modified: lazily absent optimizer state is
@@ -367,22 +497,18 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     saved_keys = ck.keys()
     m = _unwrap(model)
     target = {MODEL_KEY: m.state_dict()}
-    slot_names = fqns = None
-    if optimizer is not None and load_optimizer:
-        slot_names, make = _slots(optimizer)
-        fqns = _group_fqns(model, optimizer)
-        names = {id(p): n for n, p in m.named_parameters()}
+    fqns = None
+    opts = _optimizers(optimizer)
+    if opts and load_optimizer:
+        fqns = _group_fqns(model, opts)
+        names = _param_names(model)
+        # Each parameter's expected slots are those of its own fresh state,
+        # as its optimizer's code makes it (the Go loader judges each
+        # parameter by the slots its target holds).
         state = {}
-        for g in optimizer.param_groups:
-            for p in g["params"]:
-                if p.requires_grad:
-                    state[names[id(p)]] = make(p, g)
-        groups = []
-        for g, gf in zip(optimizer.state_dict()["param_groups"], fqns):
-            g = dict(g)
-            g["params"] = list(gf)
-            groups.append(g)
-        target[optimizer_prefix] = {"state": state, "param_groups": groups}
+        for o in opts:
+            state.update(_fresh_state(o, names))
+        target[optimizer_prefix] = {"state": state, "param_groups": _optimizer_state(model, opts)["param_groups"]}
     if scheduler is not None:
         target[SCHEDULER_KEY] = scheduler.state_dict()
     if STEP_KEY in saved_keys:
@@ -390,6 +516,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     for k, v in (extra_state or {}).items():
         target[k] = v
     flat, mapping = flatten_state_dict(target)
+    kept = _absent_fields(flat, saved_keys, optimizer_prefix if fqns is not None else None)
 
     tensors, bytes_keys, buffers, copies = [], [], [], []
     for key, v in flat.items():
@@ -420,8 +547,6 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         "frozen": [f"{MODEL_KEY}.{f}" for f in frozen],
         "quiet": True,
     }
-    if slot_names:
-        spec["optimizer_slots"] = slot_names
     if fqns is not None:
         # The Go loader compares them with the checkpoint's param groups
         # before any buffer is written (a LayoutMismatchError otherwise).
@@ -445,7 +570,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     values = {}
     for k, b64 in (rep.get("bytes") or [{}])[0].items():
         if b64 is not None:
-            values[k] = _decode_bytes(base64.b64decode(b64))
+            values[k] = _like(_decode_bytes(base64.b64decode(b64)), flat.get(k))
     for k, v in values.items():
         flat[k] = v
     nested = unflatten_state_dict(flat, mapping)
@@ -453,12 +578,16 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     lazy = list(rep.get("LazyParams") or [])
     loaded_optim = bool(rep.get("OptimizerLoaded")) and optimizer is not None and load_optimizer
     if loaded_optim:
-        _apply_optimizer(model, optimizer, nested[optimizer_prefix], set(lazy))
+        _apply_optimizer(model, opts, nested[optimizer_prefix], set(lazy))
     if scheduler is not None and SCHEDULER_KEY in nested:
         scheduler.load_state_dict(nested[SCHEDULER_KEY])
-        if optimizer is not None and not loaded_optim:
-            # The LR is part of the schedule: a fresh optimizer takes it over.
-            for g, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        if opts and not loaded_optim:
+            # The LR is part of the schedule: a fresh optimizer takes it over
+            # (the scheduler's own optimizer, of a list).
+            sched_opt = getattr(scheduler, "optimizer", None)
+            if not any(sched_opt is o for o in opts):
+                sched_opt = opts[0]
+            for g, lr in zip(sched_opt.param_groups, scheduler.get_last_lr()):
                 g["lr"] = lr
     for k in extra_state or {}:
         extra_state[k] = nested[k]
@@ -469,34 +598,67 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
                        optimizer_loaded=loaded_optim,
                        skipped=ck.info.get("skipped") or [], extra_keys=list(rep.get("ExtraKeys") or []),
                        summary=rep.get("summary", ""), bytes_read=rep.get("BytesRead", 0),
-                       read_requests=rep.get("ReadRequests", 0))
+                       read_requests=rep.get("ReadRequests", 0), kept_fields=kept)
     if rank == 0:
         log.info("%s", out.summary)
+        if kept:
+            log.warning("%d param-group or scheduler field(s) are not in checkpoint %s (saved by an older torch?); "
+                        "kept their current values: %s", len(kept), out.url, ", ".join(kept))
     return out
 
 
+def _absent_fields(flat, saved_keys, optimizer_prefix):
+    """Drop from flat (the load target) the param-group fields and scheduler
+    fields that the checkpoint lacks while it holds others of its kind:
+    those a newer torch added (torch 2.14's AdamW decoupled_weight_decay,
+    LRScheduler _is_initial). They keep their current values. Each group's
+    params, the per-parameter state and the model are never dropped: the Go
+    loader judges them. Returns the keys dropped, sorted."""
+    prefixes = [f"{SCHEDULER_KEY}."]
+    if optimizer_prefix is not None:
+        prefixes.append(f"{optimizer_prefix}.param_groups.")
+    dropped = []
+    for prefix in prefixes:
+        if not any(k.startswith(prefix) for k in saved_keys):
+            continue  # none of them saved: the Go loader says what that means
+        for k in list(flat):
+            if not k.startswith(prefix) or k in saved_keys:
+                continue
+            if prefix != prefixes[0] and k.endswith(".params") and k[len(prefix):].count(".") == 1:
+                continue  # a group's parameter list: the param-group rule
+            del flat[k]
+            dropped.append(k)
+    return sorted(dropped)
+
+
 def _apply_optimizer(model, optimizer, loaded, lazy):
-    """Install the loaded optimizer state with the optimizer's own
-    load_state_dict, leaving the lazily absent parameters without state
-    (fresh), which works on every torch version (torch < 2.10's
-    set_optimizer_state_dict raises a bare KeyError for such an FQN). The
-    Go loader has already checked that the checkpoint's param groups hold
-    the optimizer's parameters (the spec's param_groups), before it wrote
-    any buffer."""
-    fqns = _group_fqns(model, optimizer)
-    state, groups, idx = {}, [], 0
-    for g, names in zip(loaded["param_groups"], fqns):
-        g = dict(g)
-        if isinstance(g.get("betas"), list):
-            g["betas"] = tuple(g["betas"])
-        ids = []
-        for f in names:
-            if f not in lazy and f in loaded["state"]:
-                state[idx] = loaded["state"][f]
-            ids.append(idx)
-            idx += 1
-        g["params"] = ids
-        groups.append(g)
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
+    """Install the loaded optimizer state with each optimizer's own
+    load_state_dict (the merged state of a list split back by each
+    optimizer's param groups, which come in list order), leaving the lazily
+    absent parameters without state (fresh), which works on every torch
+    version (torch < 2.10's set_optimizer_state_dict raises a bare KeyError
+    for such an FQN). A param-group field the checkpoint lacks (added by a
+    newer torch) keeps its current value. The Go loader has already checked
+    that the checkpoint's param groups hold the optimizer's parameters (the
+    spec's param_groups), before it wrote any buffer."""
+    gi = 0
+    for o in _optimizers(optimizer):
+        fqns = _group_fqns(model, o)
+        state, groups, idx = {}, [], 0
+        for cur, names in zip(o.param_groups, fqns):
+            g = dict(loaded["param_groups"][gi])
+            gi += 1
+            for k, v in cur.items():
+                if k == "params":
+                    continue
+                if k not in g:
+                    g[k] = v
+            ids = []
+            for f in names:
+                if f not in lazy and f in loaded["state"]:
+                    state[idx] = loaded["state"][f]
+                ids.append(idx)
+                idx += 1
+            g["params"] = ids
+            groups.append(g)
+        o.load_state_dict({"state": state, "param_groups": groups})

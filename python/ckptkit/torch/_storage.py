@@ -23,6 +23,7 @@ FileSystemReader loads a ``file://`` checkpoint they wrote, and every
   concurrent, CRC-checked.
 """
 
+import collections.abc
 import concurrent.futures
 import ctypes
 import dataclasses
@@ -32,6 +33,7 @@ import logging
 import os
 import pickle
 import queue
+import sys
 import threading
 import uuid
 import warnings
@@ -47,7 +49,7 @@ from torch.futures import Future
 
 import ckptkit
 from ckptkit import _lib
-from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError
+from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
 
 from ._crcs import read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item, load_metadata
@@ -105,12 +107,84 @@ def _save_id_of(md):
     return getattr(getattr(md, "storage_meta", None), "save_id", None)
 
 
-def encode_integrity(items, optimizer=None):
+_CENSUS_MEMBERS = ("params", "slot_sets", "param_slots")
+
+
+def _bytewise(s):
+    return s.encode("utf-8", "surrogatepass")
+
+
+def census_members(census):
+    """The census of an optimizer's state as the integrity object records it:
+    {"params": the parameter FQNs, sorted bytewise, distinct; "slot_sets":
+    the distinct slot-name lists, each non-empty and sorted bytewise without
+    duplicates; "param_slots": per parameter of params, the index of its
+    slot set, or -1 when the parameter has no saved state (lazily absent,
+    or a state that holds nothing: no key of it is saved)}.
+
+    census is either a mapping {fqn: iterable of slot names, or None for no
+    saved state}, or those three members (a mapping with exactly the keys
+    params, slot_sets and param_slots, param_slots a list of ints), which
+    are checked and returned normalized. Slot sets are numbered in the order
+    params first uses them."""
+    if not isinstance(census, collections.abc.Mapping):
+        raise UsageError(f"census: a mapping of FQN to slot names, or params/slot_sets/param_slots, not "
+                         f"{type(census).__name__}")
+    if set(census) == set(_CENSUS_MEMBERS) and isinstance(census["param_slots"], (list, tuple)) \
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in census["param_slots"]):
+        params, sets, idx = list(census["params"]), list(census["slot_sets"]), list(census["param_slots"])
+        if len(params) != len(idx):
+            raise UsageError(f"census: {len(params)} params but {len(idx)} param_slots")
+        for i in idx:
+            if not -1 <= i < len(sets):
+                raise UsageError(f"census: param_slots index {i} outside slot_sets (0..{len(sets) - 1}, or -1)")
+        by_param = {}
+        for f, i in zip(params, idx):
+            if not isinstance(f, str):
+                raise UsageError(f"census: parameter {f!r} is not a string")
+            if f in by_param:
+                raise UsageError(f"census: parameter {f} listed twice")
+            by_param[f] = None if i < 0 else sets[i]
+        census = by_param
+    per = {}
+    for f, slots in census.items():
+        if not isinstance(f, str):
+            raise UsageError(f"census: parameter {f!r} is not a string")
+        if slots is None:
+            per[f] = None
+            continue
+        if isinstance(slots, str):
+            raise UsageError(f"census: the slots of {f} must be an iterable of names, not a string")
+        names = set()
+        for n in slots:
+            if not isinstance(n, str) or not n:
+                raise UsageError(f"census: slot {n!r} of {f} is not a non-empty string")
+            names.add(n)
+        per[f] = tuple(sorted(names, key=_bytewise)) or None
+    params = sorted(per, key=_bytewise)
+    sets, index, param_slots = [], {}, []
+    for f in params:
+        s = per[f]
+        if not s:
+            param_slots.append(-1)
+            continue
+        if s not in index:
+            index[s] = len(sets)
+            sets.append(list(s))
+        param_slots.append(index[s])
+    return {"params": params, "slot_sets": sets, "param_slots": param_slots}
+
+
+def encode_integrity(items, optimizer=None, census=None):
     """The integrity object's bytes: a 64-byte header line
-    ``ckptkit-dcp-integrity/1 <size>`` and a JSON body (docs/TORCH_DCP.md)."""
+    ``ckptkit-dcp-integrity/1 <size>`` and a JSON body (docs/TORCH_DCP.md).
+    census (see census_members), when given, records the optimizer state's
+    census: the members params, slot_sets and param_slots."""
     body = {"algorithm": "crc32c", "items": items}
     if optimizer:
         body["optimizer"] = optimizer
+    if census is not None:
+        body.update(census_members(census))
     raw = json.dumps(body, separators=(",", ":")).encode()
     total = INTEGRITY_HEADER_SIZE + len(raw)
     head = f"ckptkit-dcp-integrity/1 {total}".ljust(INTEGRITY_HEADER_SIZE - 1) + "\n"
@@ -164,7 +238,12 @@ class StorageWriter(_TorchStorageWriter):
     checkpoint, and the objects only it referenced are deleted once this
     save is committed; default False fails with ConflictError),
     ``optimizer`` (the training-state record's optimizer part written to the
-    integrity object: "saved", "omitted" or None). Every object of a save is
+    integrity object: "saved", "omitted" or None), ``census`` (the saved
+    optimizer state's census for the integrity object: a mapping of each
+    parameter FQN to its slot names, or None for a parameter without saved
+    state, or the members params/slot_sets/param_slots; see census_members;
+    ckptkit.torch.save passes it; without it none is written and readers
+    judge partial state by the subset rule). Every object of a save is
     named for it (``__<rank>_<n>.<tag>.distcp``, ``.ckptkit-integrity.<tag>``):
     of two saves racing to one URL, one commits and the other fails with
     ConflictError and deletes what it wrote. Memory beyond torch's own
@@ -181,8 +260,10 @@ class StorageWriter(_TorchStorageWriter):
     _synchronize_after_execute = False
 
     def __init__(self, url, *, part_size=DEFAULT_PART_SIZE, concurrency=DEFAULT_CONCURRENCY, overwrite=False,
-                 optimizer=None):
+                 optimizer=None, census=None):
         super().__init__()
+        # Checked and normalized now: a bad census fails before any write.
+        self.census = None if census is None else census_members(census)
         self.url = _url_of(url)
         self.part_size = int(part_size)
         self.concurrency = max(1, int(concurrency))
@@ -347,7 +428,7 @@ class StorageWriter(_TorchStorageWriter):
         ikey = integrity_key(save_id)
         own = {i["object"] for i in items} | {ikey}
         # The integrity object first; the metadata last: the commit point.
-        st.put(ikey, encode_integrity(items, self.optimizer))
+        st.put(ikey, encode_integrity(items, self.optimizer, self.census))
         data = pickle.dumps(metadata)
         try:
             try:
@@ -578,14 +659,29 @@ class StorageReader(_TorchStorageReader):
         return isinstance(checkpoint_id, str) and "://" in checkpoint_id
 
     def read_metadata(self):
-        ck = self._checkpoint()
-        md = ck.torch_metadata()
+        try:
+            ck = self._checkpoint()
+            md = ck.torch_metadata()
+        except Exception as e:
+            if _called_by_dcp_loader():
+                # torch >= 2.10's loader catches this error and raises a bare
+                # AssertionError("metadata is None; ...") in its place, so
+                # the error (IncompleteError for an uncommitted checkpoint,
+                # NotFoundError, ...) is deferred to set_up_storage_reader,
+                # which the loader calls next with what this returns: it
+                # raises this same exception there, and dcp.load's
+                # CheckpointException carries it as the rank's failure,
+                # on every torch version.
+                return _FailedMetadata(e)
+            raise
         if getattr(md, "storage_meta", None) is None:
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
 
     def set_up_storage_reader(self, metadata, is_coordinator):
+        if isinstance(metadata, _FailedMetadata):
+            raise metadata.error
         self.storage_data = metadata.storage_data
         self.crcs = self._checkpoint().crcs()
 
@@ -724,6 +820,25 @@ def _check_bytes_item(item, key, object_url, offset):
         raise ckptkit.BadCheckpointError(
             f"bytes item {key!r} in object {object_url} at offset {offset} is not a pickle ckptkit's restricted "
             f"unpickler reads: {e}") from None
+
+
+class _FailedMetadata(Metadata):
+    """What StorageReader.read_metadata returns to torch's DCP loader when
+    reading the metadata failed: no state at all, and the error, which
+    set_up_storage_reader raises."""
+
+    def __init__(self, error):
+        super().__init__(state_dict_metadata={})
+        self.error = error
+
+
+def _called_by_dcp_loader():
+    """Whether StorageReader.read_metadata's caller is torch's DCP loader
+    (torch.distributed.checkpoint.state_dict_loader), which calls
+    set_up_storage_reader with the metadata before anything else of the
+    storage reader."""
+    f = sys._getframe(2)
+    return f is not None and f.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict_loader"
 
 
 def _narrow(t, offsets, lengths):
