@@ -300,6 +300,13 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, opts Lates
 			e.Committed = false
 			skipped = append(skipped, Skipped{Entry: e, Reason: uncommitted})
 			continue
+		case ckpterr.ClassOf(err) == ckpterr.BadCheckpoint:
+			// Committed, but its metadata or an item read at open is bad
+			// (malformed, a forbidden pickle global, ...): it does not
+			// verify, so an older checkpoint is tried.
+			e.Committed = true
+			skipped = append(skipped, Skipped{Entry: e, Reason: err.Error()})
+			continue
 		case err != nil:
 			return nil, skipped, err
 		}

@@ -143,11 +143,9 @@ func writerName(md *pyObject) string {
 		return "PyTorch DCP (torch.distributed._shard.checkpoint, torch 1.13)"
 	}
 	w := "PyTorch DCP (torch.distributed.checkpoint, torch 2.x)"
-	if st, ok := md.state.(*pyDict); ok {
-		if ver, ok := st.get("version"); ok {
-			if s, ok := ver.(string); ok && s != "" && len(s) < 64 {
-				w += ", metadata version " + s
-			}
+	if ver, ok := optAttr(md, "version"); ok {
+		if s, ok := ver.(string); ok && s != "" && len(s) < 64 {
+			w += ", metadata version " + s
 		}
 	}
 	return w
@@ -234,23 +232,17 @@ func tensorEntry(key string, entry *pyObject, storage *storageIndex, budget *int
 	return t, nil
 }
 
-// propertiesDType reads the dtype of a TensorProperties: a tuple state
-// (dtype, layout, requires_grad, memory_format, pin_memory) from its
-// __getstate__, or a dict state for writers without one.
+// propertiesDType reads the dtype of a TensorProperties: its state is the
+// tuple (dtype, layout, requires_grad, memory_format, pin_memory) of its
+// __getstate__ (build checks its form).
 func propertiesDType(key string, props any) (string, error) {
 	o, err := object(props, "TensorProperties")
 	if err != nil {
 		return "", fmt.Errorf("key %q properties: %w", key, err)
 	}
 	var dv any
-	switch st := o.state.(type) {
-	case pyTuple:
-		if len(st) == 0 {
-			return "", malformed("key %q: empty TensorProperties state", key)
-		}
+	if st, ok := o.state.(pyTuple); ok && len(st) == 5 {
 		dv = st[0]
-	case *pyDict:
-		dv, _ = st.get("dtype")
 	}
 	dt, ok := dv.(torchDType)
 	if !ok {
@@ -399,17 +391,13 @@ func object(v any, class string) (*pyObject, error) {
 	return o, nil
 }
 
-// optAttr returns a dataclass field from an object's dict state.
+// optAttr returns a dataclass field: the instance attribute the BUILDs
+// set (see unpickler.build).
 func optAttr(o *pyObject, name string) (any, bool) {
-	if st, ok := o.state.(*pyDict); ok {
-		if v, ok := st.get(name); ok {
-			return v, true
-		}
+	if o.fields == nil {
+		return nil, false
 	}
-	if o.slots != nil {
-		return o.slots.get(name)
-	}
-	return nil, false
+	return o.fields.get(name)
 }
 
 func attr(o *pyObject, name string) (any, error) {

@@ -2,6 +2,8 @@ package torchdcp
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 )
 
@@ -14,7 +16,11 @@ type (
 	pyTuple []any
 	// pyList is a Python list (a pointer so APPEND through a memo
 	// reference mutates the shared list, as in Python).
-	pyList struct{ items []any }
+	pyList struct {
+		items []any
+		// set: a set or frozenset (the same operations, another type).
+		set bool
+	}
 	// pyDict is an insertion-ordered Python dict; keys may be any value
 	// (DCP uses MetadataIndex objects as keys), so it is a pair list.
 	pyDict struct {
@@ -36,9 +42,11 @@ type (
 	// pyObject is an instance of an allowed DCP class (NEWOBJ + BUILD).
 	pyObject struct {
 		class *pyGlobal
+		// fields is the instance __dict__ the BUILDs gave a dataclass,
+		// as CPython's load_build fills it (see build).
+		fields *pyDict
+		// state is what the last BUILD handed TensorProperties.__setstate__.
 		state any
-		// slots is the second half of a (dict, slots) BUILD state.
-		slots *pyDict
 	}
 	// torchSize is a torch.Size.
 	torchSize []int64
@@ -76,6 +84,7 @@ const (
 	kindCodecsEncode                    // _codecs.encode (protocol-2 bytes)
 	kindSet                             // builtins.set / frozenset
 	kindPath                            // pathlib paths (StorageMeta.checkpoint_id)
+	kindDType                           // torch.float32, ... (pushed as a torchDType)
 )
 
 // Module families of DCP's own classes.
@@ -83,13 +92,6 @@ const (
 	family113 = "torch-1.13"
 	family2x  = "torch-2.x"
 )
-
-// dcpClasses are the DCP class names accepted under either module family.
-var dcpClasses = map[string]bool{
-	"Metadata": true, "TensorStorageMetadata": true, "ChunkStorageMetadata": true,
-	"BytesStorageMetadata": true, "MetadataIndex": true, "_StorageInfo": true,
-	"TensorProperties": true, "StorageMeta": true,
-}
 
 // storageClasses maps torch's legacy typed storage classes to ckptkit dtypes.
 var storageClasses = map[string]string{
@@ -116,55 +118,89 @@ var torchDTypes = map[string]string{
 // memFormatMembers are the members of (_)MEM_FORMAT_ENCODING by value.
 var memFormatMembers = []string{"TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"}
 
+// DCP's own classes, by module. Each is allowed under exactly the module
+// that defines it (a pickle names the defining module), never under another
+// module of the package: CPython would import that other module.
+var dcpModules = map[string]struct {
+	family string
+	names  []string
+}{
+	"torch.distributed._shard.checkpoint.metadata": {family113, []string{
+		"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex"}},
+	"torch.distributed._shard.checkpoint.filesystem":   {family113, []string{"_StorageInfo"}},
+	"torch.distributed._shard.sharded_tensor.metadata": {family113, []string{"TensorProperties"}},
+	"torch.distributed.checkpoint.metadata": {family2x, []string{
+		"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex",
+		"TensorProperties", "StorageMeta"}},
+	"torch.distributed.checkpoint.filesystem": {family2x, []string{"_StorageInfo"}},
+}
+
+// allowList is every global a pickle may name: module -> name -> the
+// global it resolves to. It is the one allow-list of the Go unpickler, and
+// python/ckptkit/torch/pickle_allowlist.json, which ckptkit's Python reader
+// checks bytes items with, must list exactly the same globals
+// (TestAllowListMatchesPython).
+var allowList = buildAllowList()
+
+func buildAllowList() map[string]map[string]*pyGlobal {
+	out := map[string]map[string]*pyGlobal{}
+	add := func(module, name string, g pyGlobal) {
+		if out[module] == nil {
+			out[module] = map[string]*pyGlobal{}
+		}
+		g.module, g.name = module, name
+		out[module][name] = &g
+	}
+	for module, m := range dcpModules {
+		for _, name := range m.names {
+			add(module, name, pyGlobal{kind: kindDCPClass, family: m.family})
+		}
+	}
+	add("torch.distributed._shard.sharded_tensor.metadata", "MEM_FORMAT_ENCODING", pyGlobal{kind: kindEnumClass, family: family113})
+	add("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", pyGlobal{kind: kindEnumClass, family: family2x})
+	add("torch", "Size", pyGlobal{kind: kindSize})
+	for name, dt := range storageClasses {
+		add("torch", name, pyGlobal{kind: kindStorage, dtype: dt})
+	}
+	for name, dt := range torchDTypes {
+		add("torch", name, pyGlobal{kind: kindDType, dtype: dt})
+	}
+	add("torch.serialization", "_get_layout", pyGlobal{kind: kindGetLayout})
+	add("torch._utils", "_rebuild_tensor_v2", pyGlobal{kind: kindRebuildTensor})
+	add("collections", "OrderedDict", pyGlobal{kind: kindOrderedDict})
+	for _, module := range []string{"builtins", "__builtin__"} {
+		add(module, "getattr", pyGlobal{kind: kindGetattr})
+		add(module, "set", pyGlobal{kind: kindSet})
+		add(module, "frozenset", pyGlobal{kind: kindSet})
+	}
+	add("_codecs", "encode", pyGlobal{kind: kindCodecsEncode})
+	for _, module := range []string{"pathlib", "pathlib._local"} {
+		for _, name := range []string{"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"} {
+			add(module, name, pyGlobal{kind: kindPath})
+		}
+	}
+	return out
+}
+
+// kindNames name the kinds in python/ckptkit/torch/pickle_allowlist.json.
+var kindNames = map[globalKind]string{
+	kindDCPClass: "dcp-class", kindEnumClass: "enum-class", kindSize: "size", kindGetLayout: "get-layout",
+	kindGetattr: "getattr", kindOrderedDict: "ordered-dict", kindRebuildTensor: "rebuild-tensor",
+	kindStorage: "storage", kindCodecsEncode: "codecs-encode", kindSet: "set", kindPath: "path", kindDType: "dtype",
+}
+
 // lookupGlobal resolves a GLOBAL / STACK_GLOBAL reference against the
 // allow-list. It returns the value to push: a *pyGlobal for classes and
 // functions, a torchDType for dtype globals.
 func lookupGlobal(module, name string) (any, error) {
-	g := func(k globalKind) *pyGlobal { return &pyGlobal{module: module, name: name, kind: k} }
-	switch {
-	case strings.HasPrefix(module, "torch.distributed._shard.checkpoint.") && dcpClasses[name]:
-		p := g(kindDCPClass)
-		p.family = family113
-		return p, nil
-	case strings.HasPrefix(module, "torch.distributed.checkpoint.") && dcpClasses[name]:
-		p := g(kindDCPClass)
-		p.family = family2x
-		return p, nil
-	case module == "torch.distributed._shard.sharded_tensor.metadata" && name == "TensorProperties":
-		p := g(kindDCPClass)
-		p.family = family113
-		return p, nil
-	case module == "torch.distributed._shard.sharded_tensor.metadata" && name == "MEM_FORMAT_ENCODING",
-		module == "torch.distributed.checkpoint.metadata" && name == "_MEM_FORMAT_ENCODING":
-		return g(kindEnumClass), nil
-	case module == "torch" && name == "Size":
-		return g(kindSize), nil
-	case module == "torch" && storageClasses[name] != "":
-		p := g(kindStorage)
-		p.dtype = storageClasses[name]
-		return p, nil
-	case module == "torch.serialization" && name == "_get_layout":
-		return g(kindGetLayout), nil
-	case module == "torch._utils" && name == "_rebuild_tensor_v2":
-		return g(kindRebuildTensor), nil
-	case module == "collections" && name == "OrderedDict":
-		return g(kindOrderedDict), nil
-	case (module == "builtins" || module == "__builtin__") && name == "getattr":
-		return g(kindGetattr), nil
-	case (module == "builtins" || module == "__builtin__") && (name == "set" || name == "frozenset"):
-		return g(kindSet), nil
-	case module == "_codecs" && name == "encode":
-		return g(kindCodecsEncode), nil
-	case (module == "pathlib" || module == "pathlib._local") &&
-		(name == "PosixPath" || name == "WindowsPath" || name == "PurePosixPath" || name == "PureWindowsPath"):
-		return g(kindPath), nil
+	g, ok := allowList[module][name]
+	if !ok {
+		return nil, &ForbiddenGlobalError{Module: module, Name: name}
 	}
-	if module == "torch" {
-		if ckpt, ok := torchDTypes[name]; ok {
-			return torchDType{torch: "torch." + name, ckpt: ckpt}, nil
-		}
+	if g.kind == kindDType {
+		return torchDType{torch: "torch." + name, ckpt: g.dtype}, nil
 	}
-	return nil, &ForbiddenGlobalError{Module: module, Name: name}
+	return g, nil
 }
 
 // call applies an allowed callable global to its positional arguments
@@ -239,13 +275,13 @@ func call(fn any, args pyTuple) (any, error) {
 		return d, nil
 	case kindSet:
 		if len(args) == 0 {
-			return &pyList{}, nil
+			return &pyList{set: true}, nil
 		}
 		items, ok := seqItems(args[0])
 		if len(args) != 1 || !ok {
 			return nil, malformed("%s arguments", g.name)
 		}
-		return &pyList{items: append([]any(nil), items...)}, nil
+		return &pyList{items: append([]any(nil), items...), set: true}, nil
 	case kindCodecsEncode:
 		if len(args) != 2 {
 			return nil, malformed("_codecs.encode takes 2 arguments, got %d", len(args))
@@ -326,16 +362,25 @@ func newObject(cls any, args pyTuple) (any, error) {
 			return nil, malformed("NEWOBJ %s with %d arguments", g.name, len(args))
 		}
 		return &pyObject{class: g}, nil
-	case kindOrderedDict, kindPath, kindSet:
+	case kindOrderedDict, kindSet:
+		// cls.__new__(cls, *args) in CPython: an empty container whatever
+		// the arguments (dict.__new__ and set.__new__ ignore them; __init__
+		// is not run). Picklers never write it with arguments: refused.
+		if len(args) != 0 {
+			return nil, malformed("NEWOBJ %s with %d arguments", g.name, len(args))
+		}
 		return call(g, args)
 	}
 	return nil, &ForbiddenGlobalError{Module: g.module, Name: g.name + " (instantiated)"}
 }
 
-// set stores v under k. String keys replace an earlier equal key, as in
-// Python; other keys (objects) are appended as they come.
+// set stores v under k as CPython's dict does: a key equal to an earlier
+// one (strings; ints and bools, where True == 1; None) keeps the earlier
+// key's place and takes the later value. Keys without a scalar identity
+// (objects, tuples) are appended as they come: DecodeMetadata refuses
+// duplicate storage_data keys, and values with such keys are opaque.
 func (d *pyDict) set(k, v any) {
-	if ks, ok := k.(string); ok {
+	if ks, ok := scalarKey(k); ok {
 		if i, ok := d.idx[ks]; ok {
 			d.vals[i] = v
 			return
@@ -349,9 +394,34 @@ func (d *pyDict) set(k, v any) {
 	d.vals = append(d.vals, v)
 }
 
+// scalarKey is the identity of a scalar dict key under Python's equality:
+// a string is itself, an int (or bool) and an integral float are one
+// number. NaN has none (hashable refuses it).
+func scalarKey(k any) (string, bool) {
+	switch t := k.(type) {
+	case string:
+		return "s" + t, true
+	case nil:
+		return "n", true
+	case bool:
+		if t {
+			return "i1", true
+		}
+		return "i0", true
+	case int64:
+		return "i" + strconv.FormatInt(t, 10), true
+	case float64:
+		if t == math.Trunc(t) && t >= -(1<<63) && t < 1<<63 {
+			return "i" + strconv.FormatInt(int64(t), 10), true
+		}
+		return "f" + strconv.FormatFloat(t, 'g', -1, 64), true
+	}
+	return "", false
+}
+
 // get returns the value of a string key.
 func (d *pyDict) get(key string) (any, bool) {
-	if i, ok := d.idx[key]; ok {
+	if i, ok := d.idx["s"+key]; ok {
 		return d.vals[i], true
 	}
 	return nil, false

@@ -87,7 +87,10 @@ type unpickler struct {
 	pos   int
 	stack []any
 	marks []int
-	memo  map[uint32]any
+	// memo is dense: a PUT may overwrite an entry or add the next one,
+	// never skip ahead (CPython's C unpickler sizes its memo array by the
+	// highest index, so one LONG_BINPUT could cost gigabytes there).
+	memo []any
 	// persistentLoad resolves BINPERSID; nil refuses persistent ids.
 	persistentLoad func(pid any) (any, error)
 	// copyBudget bounds the items copied by "calls" (REDUCE, NEWOBJ), which
@@ -97,7 +100,7 @@ type unpickler struct {
 
 // unpickle runs a pickle to its STOP opcode and returns the top value.
 func unpickle(data []byte, persistentLoad func(any) (any, error)) (any, error) {
-	u := &unpickler{data: data, memo: make(map[uint32]any), persistentLoad: persistentLoad, copyBudget: 4*len(data) + 4096}
+	u := &unpickler{data: data, persistentLoad: persistentLoad, copyBudget: 4*len(data) + 4096}
 	return u.run()
 }
 
@@ -243,16 +246,22 @@ func (u *unpickler) memoPut(idx uint32) error {
 	if err != nil {
 		return err
 	}
-	u.memo[idx] = v
+	switch {
+	case int64(idx) < int64(len(u.memo)):
+		u.memo[idx] = v
+	case int64(idx) == int64(len(u.memo)):
+		u.memo = append(u.memo, v)
+	default:
+		return malformed("memo index %d skips ahead of the %d entries so far (byte %d)", idx, len(u.memo), u.pos)
+	}
 	return nil
 }
 
 func (u *unpickler) memoGet(idx uint32) error {
-	v, ok := u.memo[idx]
-	if !ok {
+	if int64(idx) >= int64(len(u.memo)) {
 		return malformed("memo entry %d is not defined (byte %d)", idx, u.pos)
 	}
-	return u.push(v)
+	return u.push(u.memo[idx])
 }
 
 func (u *unpickler) run() (any, error) {
@@ -424,7 +433,7 @@ func (u *unpickler) step(op byte) error {
 		}
 		l.items = append(l.items, items...)
 	case opEmptySet:
-		return u.push(&pyList{})
+		return u.push(&pyList{set: true})
 	case opAddItems:
 		items, err := u.popMark()
 		if err != nil {
@@ -444,7 +453,7 @@ func (u *unpickler) step(op byte) error {
 		if err != nil {
 			return err
 		}
-		return u.push(&pyList{items: items})
+		return u.push(&pyList{items: items, set: true})
 	case opEmptyDict:
 		return u.push(&pyDict{})
 	case opDict:
@@ -539,7 +548,7 @@ func (u *unpickler) step(op byte) error {
 		}
 		switch o := t.(type) {
 		case *pyObject:
-			return o.build(state)
+			return u.build(o, state)
 		case *pyDict:
 			if o.attrs != nil || state == nil {
 				return malformed("BUILD on a dict twice or without state")
@@ -608,32 +617,120 @@ func setItems(d *pyDict, items []any) error {
 
 // hashable rejects the mutable containers Python refuses as dict keys.
 func hashable(v any) bool {
-	switch v.(type) {
+	switch t := v.(type) {
 	case *pyList, *pyDict, []byte:
 		return false
+	case float64:
+		return !math.IsNaN(t) // NaN keys are never equal, not even to themselves
 	}
 	return true
 }
 
-// build applies BUILD's state: a dict of attributes, a (dict, slots) pair
-// or, for TensorProperties, the tuple its __getstate__ returns.
-func (o *pyObject) build(state any) error {
-	if o.state != nil || o.slots != nil {
-		return malformed("BUILD applied twice to a %s", o.class.name)
+// build applies BUILD's state to a DCP object exactly as CPython's
+// load_build does, or refuses it:
+//   - TensorProperties has a __setstate__, which takes the whole state and
+//     unpacks it into its five fields: it must be the 5-tuple its
+//     __getstate__ writes, with a member of its module's memory-format enum
+//     (CPython raises on anything else);
+//   - the dataclasses have none: a 2-tuple state is (state, slotstate); a
+//     state that is not empty (Python truth) must be a dict, and its items
+//     update the instance __dict__ (later keys win); then a slot state that
+//     is not empty must be a dict of string keys, each set with setattr, so
+//     it wins over the dict state. MetadataIndex is frozen (setattr raises
+//     FrozenInstanceError): a slot state for it is refused.
+//
+// The items are copied at BUILD time, as CPython copies them into the
+// instance: changing the state dict afterwards (through the memo) does not
+// change the object. A second BUILD applies again, as in CPython.
+func (u *unpickler) build(o *pyObject, state any) error {
+	if o.class.name == "TensorProperties" {
+		t, ok := state.(pyTuple)
+		if !ok || len(t) != 5 {
+			return malformed("TensorProperties state is %s, want the 5-tuple of its __getstate__", typeName(state))
+		}
+		m, ok := t[3].(enumMember)
+		if !ok || m.class != memFormatEnum[o.class.family] {
+			return malformed("TensorProperties memory format is %s, want a %s member", typeName(t[3]), memFormatEnum[o.class.family])
+		}
+		o.state = t
+		return nil
 	}
+	var slots any
 	if pair, ok := state.(pyTuple); ok && len(pair) == 2 {
-		d1, ok1 := pair[0].(*pyDict)
-		d2, ok2 := pair[1].(*pyDict)
-		if (ok1 || pair[0] == nil) && ok2 {
-			if d1 != nil {
-				o.state = d1
-			}
-			o.slots = d2
-			return nil
+		state, slots = pair[0], pair[1]
+	}
+	if o.fields == nil {
+		o.fields = &pyDict{}
+	}
+	if truthy(state) {
+		d, ok := state.(*pyDict)
+		if !ok {
+			return malformed("BUILD state of a %s is %s, not a dict", o.class.name, typeName(state))
+		}
+		if err := u.update(o.fields, d); err != nil {
+			return err
 		}
 	}
-	o.state = state
+	if truthy(slots) {
+		d, ok := slots.(*pyDict)
+		if !ok {
+			return malformed("BUILD slot state of a %s is %s, not a dict", o.class.name, typeName(slots))
+		}
+		if o.class.name == "MetadataIndex" {
+			return malformed("BUILD slot state for a MetadataIndex, a frozen dataclass (CPython raises FrozenInstanceError)")
+		}
+		for _, k := range d.keys {
+			if _, ok := k.(string); !ok {
+				return malformed("BUILD slot state of a %s has a %s attribute name", o.class.name, typeName(k))
+			}
+		}
+		if err := u.update(o.fields, d); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// memFormatEnum is the memory-format enum of each module family.
+var memFormatEnum = map[string]string{family113: "MEM_FORMAT_ENCODING", family2x: "_MEM_FORMAT_ENCODING"}
+
+// update copies src's items into dst (dict.update), charging the copy.
+func (u *unpickler) update(dst, src *pyDict) error {
+	u.copyBudget -= len(src.keys)
+	if u.copyBudget < 0 {
+		return malformed("pickle copies more data than its size allows (byte %d)", u.pos)
+	}
+	for i, k := range src.keys {
+		dst.set(k, src.vals[i])
+	}
+	return nil
+}
+
+// truthy is Python's truth value of an unpickled value.
+func truthy(v any) bool {
+	switch t := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return t
+	case int64:
+		return t != 0
+	case float64:
+		return t != 0
+	case string:
+		return t != ""
+	case []byte:
+		return len(t) > 0
+	case pyTuple:
+		return len(t) > 0
+	case *pyList:
+		return len(t.items) > 0
+	case *pyDict:
+		return len(t.keys) > 0
+	case torchSize:
+		return len(t) > 0
+	}
+	return true
 }
 
 // decodeLong decodes a little-endian two's-complement LONG1/LONG4 payload

@@ -21,10 +21,16 @@ func Format() metadata.Format {
 			if _, err := ApplyIntegrity(c, ItemReader(read)); err != nil {
 				return err
 			}
-			if _, err := FillIteration(c, ItemReader(read)); err != nil {
+			// Every bytes item is decoded once here, whichever reader
+			// unpickles it later; the training state is read from them.
+			items, err := CheckBytesItems(c, ItemReader(read))
+			if err != nil {
 				return err
 			}
-			_, err := FillParams(c, ItemReader(read))
+			if _, err := FillIteration(c, items); err != nil {
+				return err
+			}
+			_, err = FillParams(c, items)
 			return err
 		},
 		WrittenObject: WrittenObject,

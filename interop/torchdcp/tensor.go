@@ -26,6 +26,12 @@ type archive struct {
 // openArchive opens a torch.save zip from an item's bytes and locates its
 // "<dir>/data.pkl" without assuming the folder name.
 func openArchive(item []byte) (*archive, error) {
+	// torch.load takes an item that does not start with a zip local file
+	// header for a legacy torch.save stream (pickles it unpickles in
+	// full), whatever zip directory it may end with.
+	if !bytes.HasPrefix(item, zipMagic) {
+		return nil, malformed("item does not start with a zip local file header (torch.load would read it as a legacy pickle stream)")
+	}
 	zr, err := zip.NewReader(bytes.NewReader(item), int64(len(item)))
 	if err != nil {
 		return nil, fmt.Errorf("%w: not a torch.save zip archive: %v", ErrMalformed, err)

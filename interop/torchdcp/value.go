@@ -107,14 +107,15 @@ func IsRawItem(b []byte) bool { return bytes.HasPrefix(b, zipMagic) }
 
 // decodeBytesItem is the "torch-save-bytes" chunk decoder: the item's value
 // as JSON (tuples and sets become arrays, bytes become base64 strings), or
-// the raw item bytes unchanged when the value is opaque, names a global
-// outside the allow-list (a user's own class: nothing is evaluated, the
-// bytes are handed over as stored) or has no JSON form (NaN or infinite
-// floats). IsRawItem tells the two apart. The items the training state is
-// read from (FillIteration, FillParams) report a forbidden global instead.
+// the raw item bytes unchanged when the value is well formed but opaque
+// (tensors inside it, keys JSON has no form for) or has no JSON form (NaN
+// or infinite floats). IsRawItem tells the two apart. A pickle naming a
+// global outside the allow-list fails (*ForbiddenGlobalError), as does a
+// malformed one: such an item is never handed over, to be unpickled by a
+// general unpickler.
 func decodeBytesItem(stored []byte, _ string, _ []int64) ([]byte, error) {
 	v, err := DecodeValue(stored)
-	if errors.Is(err, ErrOpaque) || errors.Is(err, ErrForbiddenGlobal) {
+	if errors.Is(err, ErrOpaque) {
 		return stored, nil
 	}
 	if err != nil {

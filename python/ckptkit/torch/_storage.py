@@ -51,6 +51,8 @@ import ckptkit
 from ckptkit import _lib
 from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
 
+from ._crcs import read_item_crcs
+from ._restricted import ForbiddenGlobalError, check_item, load_metadata
 from ._torchsave import view_tensor
 
 METADATA_KEY = ".metadata"
@@ -757,6 +759,11 @@ class StorageReader(_TorchStorageReader):
                             f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
                             rule="checksum")
                 if req.type == LoadItemType.BYTE_IO:
+                    # torch's planner unpickles it with a general unpickler
+                    # (torch.load(weights_only=False)): it gets only an item
+                    # the restricted unpickler, with the Go reader's
+                    # allow-list, read to its end.
+                    _check_bytes_item(item, req.storage_index.fqn, ck.object_url(path), off)
                     with lock:
                         planner.load_bytes(req, io.BytesIO(item))
                     continue
@@ -798,6 +805,21 @@ class StorageReader(_TorchStorageReader):
         if self._ckpt is not None and self._ckpt is not self._given:
             self._ckpt.close()
         self._ckpt = None
+
+
+def _check_bytes_item(item, key, object_url, offset):
+    """Raise BadCheckpointError, naming key and the global or the problem,
+    unless the bytes item reads with the restricted unpickler (_restricted)."""
+    try:
+        check_item(item)
+    except ForbiddenGlobalError as e:
+        raise ckptkit.BadCheckpointError(
+            f"bytes item {key!r} in object {object_url} at offset {offset}: {e}; it is not handed to torch's planner, "
+            "which would unpickle it with a general unpickler") from None
+    except (pickle.UnpicklingError, RecursionError, MemoryError) as e:
+        raise ckptkit.BadCheckpointError(
+            f"bytes item {key!r} in object {object_url} at offset {offset} is not a pickle ckptkit's restricted "
+            f"unpickler reads: {e}") from None
 
 
 class _FailedMetadata(Metadata):
@@ -858,11 +880,18 @@ class Checkpoint(_lib.Closing):
     def torch_metadata(self):
         """The DCP Metadata, unpickled from the bytes read at open. The Go
         core has already decoded them with its restricted unpickler (only
-        DCP classes and plain values), so no other class can appear."""
+        DCP classes and plain values); Python unpickles them with the same
+        allow-list (_restricted.MetadataUnpickler), and any failure is a
+        BadCheckpointError."""
         if self._md is None:
             if self.info.get("format") != "torch-dcp":
                 raise UnsupportedError(f"{self.url} is a {self.info.get('format')} checkpoint, not DCP")
-            md = pickle.loads(self.raw_metadata())
+            try:
+                md = load_metadata(self.raw_metadata())
+            except (pickle.UnpicklingError, ImportError, AttributeError, TypeError, ValueError, RuntimeError,
+                    MemoryError, RecursionError, EOFError, KeyError, IndexError, dataclasses.FrozenInstanceError) as e:
+                raise ckptkit.BadCheckpointError(
+                    f"{self.url}: .metadata: Python cannot read it as the Go core did: {type(e).__name__}: {e}") from None
             if not isinstance(md, Metadata):
                 raise ckptkit.BadCheckpointError(f"{self.url}: .metadata is not a DCP Metadata")
             self._md = md
@@ -892,7 +921,10 @@ class Checkpoint(_lib.Closing):
                     data = self._store.read(key)
                 except ckptkit.NotFoundError:
                     continue
-                self._crcs = decode_integrity(data, self.object_url(key))[0]
+                where = self.object_url(key)
+                # In about the object's size (not json's dict per item).
+                self._crcs = read_item_crcs(data, lambda d, where=where: decode_integrity(d, where)[0])
+                del data
                 break
             tag = save_tag(_save_id_of(md))
             if self._crcs is None and tag and any(
