@@ -386,3 +386,24 @@ def test_compiled_model_resumes_into_the_plain_one(file_url):
     m3, opt3, sched3 = make(seed=6)
     assert resume(url, torch.compile(m3, backend="eager"), opt3, scheduler=sched3).step == 3
     assert same_bits(snapshot(m, opt), snapshot(m3, opt3))
+
+
+class _NotAllowed:
+    """A value torch.load(weights_only=True) refuses to rebuild."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+def test_a_value_that_does_not_decode_fails_before_anything_changes(file_url):
+    """A value Python must decode (here extra state pickled as an object
+    weights_only loading refuses) fails the resume with BadCheckpointError
+    naming the key, before any tensor of the model or optimizer changes."""
+    m, opt, sched = _trained()
+    url = save(file_url, m, opt, step=3, scheduler=sched, extra_state={"obj": _NotAllowed(1)}, async_save=True).wait()
+    m2, opt2, sched2 = make(seed=4)
+    train(m2, opt2, sched2, 1)
+    before = snapshot(m2, opt2)
+    with pytest.raises(ckptkit.BadCheckpointError, match="'obj' does not decode"):
+        resume(url, m2, opt2, scheduler=sched2, extra_state={"obj": None})
+    assert same_bits(before, snapshot(m2, opt2))

@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 
 from ckptkit.errors import (
+    BadCheckpointError,
     CheckpointError,
     NotFoundError,
     UnsupportedError,
@@ -434,6 +435,22 @@ def _decode_bytes(raw):
     return json.loads(raw)
 
 
+def _decode_values(rep, flat, where):
+    """The loaded bytes values of rep, decoded (torch.load with
+    weights_only=True, or JSON) and typed like the target's values; a value
+    that does not decode is a BadCheckpointError naming the key, the
+    decoder's error chained."""
+    values = {}
+    for k, b64 in (rep.get("bytes") or [{}])[0].items():
+        if b64 is None:
+            continue
+        try:
+            values[k] = _like(_decode_bytes(base64.b64decode(b64)), flat.get(k))
+        except Exception as e:
+            raise BadCheckpointError(f"{where}: value {k!r} does not decode: {type(e).__name__}: {e}") from e
+    return values
+
+
 def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, frozen=(), extra_state=None,
            optimizer_prefix=OPTIMIZER_KEY, must_exist=False):
     """Resume model, optimizer and scheduler from the checkpoint at url, or
@@ -594,6 +611,20 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         spec["param_groups"] = fqns
     if run_url:
         spec["fallback_run"] = run_url
+    if bytes_keys:
+        # The values Python decodes (param groups, scheduler, step, extra
+        # state) are read and decoded first, so one that does not decode
+        # fails the resume before any tensor is written. For a run URL a
+        # damaged checkpoint is left to the load below, which falls back.
+        pre = dict(spec, targets=[{"tensors": [], "bytes": bytes_keys}])
+        pre.pop("fallback_run", None)
+        try:
+            pre_rep = ck.load(pre, [])
+        except CheckpointError:
+            if not run_url:
+                raise
+        else:
+            _decode_values(pre_rep, flat, ck.url)
     # Every rule is checked before any buffer is written, and every CRC
     # (without a fallback) too.
     rep = ck.load(spec, buffers)
@@ -610,10 +641,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     for local, dst in copies:
         local.copy_(dst)
 
-    values = {}
-    for k, b64 in (rep.get("bytes") or [{}])[0].items():
-        if b64 is not None:
-            values[k] = _like(_decode_bytes(base64.b64decode(b64)), flat.get(k))
+    values = _decode_values(rep, flat, ck.url)
     for k, v in values.items():
         flat[k] = v
     nested = unflatten_state_dict(flat, mapping)
