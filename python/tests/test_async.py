@@ -204,21 +204,23 @@ def test_dcp_async_save_round_trip(base_url):
     _assert_equal(out, want)
 
 
-def test_ckpt_diff_of_the_same_state_saved_sync_and_async_is_equal(file_url):
+def test_ckpt_diff_of_the_same_state_saved_sync_and_async_is_equal(base_url):
     """The same training state saved as DCP (sync) and in the native format
     (async_save) diffs equal: non-tensor values (param groups, scheduler,
     step) are compared as values (0 and 0.0 alike), tensors bit for bit;
     one changed hyper-parameter makes it differ, naming the key."""
     from test_dcp import ckpt_cli
 
+    if base_url.startswith("mem://"):
+        pytest.skip("mem:// lives in this process; the ckpt CLI is another one")
     m, opt, sched = make()
     train(m, opt, sched, 3)
-    sync = save(f"{file_url}/sync", m, opt, step=3, scheduler=sched)
-    asy = save(f"{file_url}/async", m, opt, step=3, scheduler=sched, async_save=True).wait()
+    sync = save(sub_url(base_url, "sync"), m, opt, step=3, scheduler=sched)
+    asy = save(sub_url(base_url, "async"), m, opt, step=3, scheduler=sched, async_save=True).wait()
     r = ckpt_cli("diff", sync, asy)
     assert r.returncode == 0, r.stdout + r.stderr
     opt.param_groups[0]["weight_decay"] = 0.5
-    other = save(f"{file_url}/other", m, opt, step=3, scheduler=sched, async_save=True).wait()
+    other = save(sub_url(base_url, "other"), m, opt, step=3, scheduler=sched, async_save=True).wait()
     r = ckpt_cli("diff", sync, other)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "optimizer.param_groups.0.weight_decay" in r.stdout
