@@ -141,7 +141,7 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 		// A fresh run (or only uncommitted prefixes): nothing to resume;
 		// but a URL naming a checkpoint (step-NNNNNNNN) under which
 		// nothing is stored is a typo, never a fresh start.
-		empty, err := nothingUnder(ctx, sh.st)
+		empty, err := catalog.IsEmpty(ctx, sh.st)
 		if err != nil {
 			return nil, err
 		}
@@ -156,22 +156,6 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	// one's problem first in the chain (it decides class and rule), never
 	// start over silently.
 	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid)", sh.st, newestProblem(ctx, sh.st, skips), catalog.ErrNoCommittedCheckpoint, committed)
-}
-
-// errStop ends a listing early.
-var errStop = errors.New("stop")
-
-// nothingUnder reports whether no object at all is stored under st.
-func nothingUnder(ctx context.Context, st *backend.Store) (bool, error) {
-	empty := true
-	err := st.ListDelimited(ctx, "", func(backend.ObjectInfo) error {
-		empty = false
-		return errStop
-	})
-	if err != nil && !errors.Is(err, errStop) && !errors.Is(err, backend.ErrNotFound) {
-		return false, err
-	}
-	return empty, nil
 }
 
 // newestProblem reopens the newest committed checkpoint that failed verify

@@ -80,20 +80,20 @@ func (e Entry) Age(now time.Time) time.Duration {
 // metadata object and the data objects the hook attributes to a save are
 // ckptkit's too.
 func OwnedObject(rel string) bool {
-	_, ok := writtenBy(rel)
+	_, ok := writtenBy(metadata.Formats(), rel)
 	return ok
 }
 
 // writtenBy returns the save attempt that wrote rel ("" for a metadata
 // object) and whether ckptkit writes that name at all.
-func writtenBy(rel string) (string, bool) {
+func writtenBy(formats []metadata.Format, rel string) (string, bool) {
 	if rel == metadata.ObjectKey {
 		return "", true
 	}
 	if a, ok := planner.ParseObjectName(rel); ok {
 		return a, true
 	}
-	for _, f := range metadata.Formats() {
+	for _, f := range formats {
 		if f.WrittenObject == nil {
 			continue
 		}
@@ -179,7 +179,7 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 			rest := strings.TrimPrefix(o.Key, e.Name+"/")
 			e.Objects++
 			e.Bytes += o.Size
-			if a, ok := writtenBy(rest); !ok {
+			if a, ok := writtenBy(formats, rest); !ok {
 				e.ForeignObjects++
 			} else if a != "" { // "": a metadata object
 				attempts[a] = true
@@ -339,4 +339,22 @@ func IsMetadataObject(rel string) bool {
 		}
 	}
 	return false
+}
+
+// errStopListing ends a listing early.
+var errStopListing = errors.New("stop listing")
+
+// IsEmpty reports whether no object at all is stored under st (a prefix
+// the backend reports as not found is empty): a fresh run, or a mistyped
+// URL.
+func IsEmpty(ctx context.Context, st *backend.Store) (bool, error) {
+	empty := true
+	err := st.ListDelimited(ctx, "", func(backend.ObjectInfo) error {
+		empty = false
+		return errStopListing
+	})
+	if err != nil && !errors.Is(err, errStopListing) && !errors.Is(err, backend.ErrNotFound) {
+		return false, err
+	}
+	return empty, nil
 }

@@ -72,14 +72,21 @@ type Result struct {
 
 // Copy copies the committed checkpoint at src to dst.
 func Copy(ctx context.Context, src, dst *backend.Store, opts Options) (*Result, error) {
-	start := time.Now()
-	if opts.Parallel <= 0 {
-		opts.Parallel = 8
-	}
 	c, err := loader.Open(ctx, src)
 	if err != nil {
 		return nil, fmt.Errorf("copy %s: %w", src, err)
 	}
+	return CopyCheckpoint(ctx, c, dst, opts)
+}
+
+// CopyCheckpoint copies the open checkpoint c to dst, as Copy does,
+// without reading its metadata again (a caller that verified c first).
+func CopyCheckpoint(ctx context.Context, c *loader.Checkpoint, dst *backend.Store, opts Options) (*Result, error) {
+	start := time.Now()
+	if opts.Parallel <= 0 {
+		opts.Parallel = 8
+	}
+	src := c.Store()
 	md := c.Metadata()
 	if md.Unchecked && opts.RequireChecksums {
 		return nil, fmt.Errorf("copy %s: %w: %s", src, ErrNoChecksums, UncheckedNote)

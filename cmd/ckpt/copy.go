@@ -69,7 +69,16 @@ func copyRun(cmd *cobra.Command, src, dst *backend.Store, entries []catalog.Entr
 		if err != nil {
 			return err
 		}
-		rep, err := loader.Verify(ctx, from, loader.VerifyOptions{})
+		// One metadata read per checkpoint: opened, verified, copied.
+		c, err := loader.Open(ctx, from)
+		if err != nil {
+			if ckpterr.ClassOf(err) == ckpterr.BadCheckpoint {
+				skip(e.Name, fmt.Sprintf("does not open: %v", err))
+				continue
+			}
+			return err
+		}
+		rep, err := c.Verify(ctx, loader.VerifyOptions{})
 		if err != nil {
 			return err
 		}
@@ -79,7 +88,7 @@ func copyRun(cmd *cobra.Command, src, dst *backend.Store, entries []catalog.Entr
 		}
 		p := newProgress(cmd, "copy "+e.Name)
 		opts.Progress = p.callback()
-		res, err := transfer.Copy(ctx, from, to, opts)
+		res, err := transfer.CopyCheckpoint(ctx, c, to, opts)
 		p.finish()
 		switch {
 		case errors.Is(err, transfer.ErrDestinationCommitted):

@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
@@ -21,25 +21,17 @@ func (e *pathError) Error() string {
 }
 func (e *pathError) Unwrap() error { return errNoSuchPath }
 
-// errStopListing ends a listing early.
-var errStopListing = errors.New("stop listing")
-
 // requirePath returns a *pathError (class not-found) when nothing at all is
 // stored under st's prefix, nil when something is, and the storage error
 // when it cannot tell.
 func requirePath(ctx context.Context, st *backend.Store) error {
-	found := false
-	err := st.ListDelimited(ctx, "", func(backend.ObjectInfo) error {
-		found = true
-		return errStopListing
-	})
-	if err != nil && !errors.Is(err, errStopListing) {
-		if ckpterr.ClassOf(err) == ckpterr.NotFound {
-			return &pathError{url: st.String()}
-		}
+	empty, err := catalog.IsEmpty(ctx, st)
+	switch {
+	case err != nil && ckpterr.ClassOf(err) == ckpterr.NotFound:
+		return &pathError{url: st.String()}
+	case err != nil:
 		return err
-	}
-	if !found {
+	case empty:
 		return &pathError{url: st.String()}
 	}
 	return nil

@@ -12,7 +12,6 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/metadata"
 )
 
 // Plan is the outcome of planning a collection: the run's checkpoints with
@@ -190,16 +189,12 @@ func deleteOne(ctx context.Context, run *backend.Store, e catalog.Entry, conc in
 	}); err != nil {
 		return nil, "", err
 	}
-	metaKeys := map[string]bool{}
-	for _, f := range metadata.Formats() {
-		metaKeys[f.ObjectKey] = true
-	}
 	var meta, data []string
 	for _, o := range objs {
 		if !catalog.OwnedObject(o.Key) {
 			return nil, fmt.Sprintf("changed since planning: now holds %s, which ckptkit did not write", st.URL(o.Key)), nil
 		}
-		if metaKeys[o.Key] {
+		if catalog.IsMetadataObject(o.Key) {
 			meta = append(meta, o.Key)
 		} else {
 			data = append(data, o.Key)

@@ -12,7 +12,6 @@ a refusal is never a second reading.)"""
 
 import base64
 import enum
-import importlib
 import json
 import os
 import pathlib
@@ -21,7 +20,7 @@ import struct
 import pytest
 import torch
 
-from ckptkit.torch._restricted import ALLOW_LIST, MEM_FORMAT_MEMBERS, ForbiddenGlobalError, RestrictedUnpickler
+from ckptkit.torch._restricted import RestrictedUnpickler, real_global
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "interop", "torchdcp", "testdata",
                       "differential.json")
@@ -53,11 +52,6 @@ def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks, meta
     return _Tensor(storage, offset, size, stride)
 
 
-def _is_mem_format_enum(obj):
-    return isinstance(obj, type) and issubclass(obj, enum.Enum) and obj.__name__ in (
-        "MEM_FORMAT_ENCODING", "_MEM_FORMAT_ENCODING")
-
-
 class Reference(RestrictedUnpickler):
     """CPython's reference unpickler, resolving the allow-list to the real
     objects (only ever constructors of plain values and torch's DCP
@@ -65,28 +59,7 @@ class Reference(RestrictedUnpickler):
     records)."""
 
     def find_class(self, module, name):
-        kind = ALLOW_LIST.get(module, {}).get(name)
-        if kind is None:
-            raise ForbiddenGlobalError(module, name)
-        if kind == "getattr":
-            def restricted_getattr(obj, member):
-                if not _is_mem_format_enum(obj) or member not in MEM_FORMAT_MEMBERS:
-                    raise ForbiddenGlobalError(module, "getattr")
-                return getattr(obj, member)
-            return restricted_getattr
-        if kind == "storage":
-            return _StorageClass(name)
-        if kind == "rebuild-tensor":
-            return _rebuild_tensor_v2
-        if kind == "codecs-encode":
-            def encode(s, encoding):
-                if encoding not in ("latin1", "latin-1"):
-                    raise ValueError("only latin1")
-                return s.encode("latin-1")
-            return encode
-        if module == "__builtin__":
-            module = "builtins"
-        return getattr(importlib.import_module(module), name)
+        return real_global(module, name, on_tensor=lambda kind, n: _StorageClass(n) if kind == "storage" else _rebuild_tensor_v2)
 
     def persistent_load(self, pid):
         if not self._persistent:

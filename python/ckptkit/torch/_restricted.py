@@ -23,6 +23,7 @@ The unpickler is CPython's own reference one (``pickle._Unpickler``), so
 every opcode it accepts has CPython's semantics.
 """
 
+import importlib
 import io
 import json
 import os
@@ -211,25 +212,42 @@ class MetadataUnpickler(pickle.Unpickler):
     Go core's reading is the same (docs/TORCH_DCP.md, One grammar)."""
 
     def find_class(self, module, name):
-        kind = ALLOW_LIST.get(module, {}).get(name)
-        if kind is None:
+        return real_global(module, name)
+
+
+def _is_mem_format_enum(obj):
+    return (isinstance(obj, type) and obj.__name__ in ("MEM_FORMAT_ENCODING", "_MEM_FORMAT_ENCODING")
+            and obj.__module__.startswith("torch.distributed."))
+
+
+def real_global(module, name, on_tensor=None):
+    """The real object an allowed global names, for an unpickler that
+    builds real objects (MetadataUnpickler; the differential test's
+    reference reader): ``getattr`` restricted to the members of the
+    memory-format enum, ``_codecs.encode`` to latin-1, anything off the
+    allow-list ForbiddenGlobalError. A storage class or tensor rebuilder
+    (kinds "storage", "rebuild-tensor") is ``on_tensor(kind, name)``, or
+    forbidden when on_tensor is None: tensors have no place in .metadata."""
+    kind = ALLOW_LIST.get(module, {}).get(name)
+    if kind is None:
+        raise ForbiddenGlobalError(module, name)
+    if kind == "getattr":
+        def restricted_getattr(obj, member):
+            if not _is_mem_format_enum(obj) or member not in MEM_FORMAT_MEMBERS:
+                raise ForbiddenGlobalError(module, f"getattr({getattr(obj, '__name__', type(obj).__name__)}, {member!r})")
+            return getattr(obj, member)
+        return restricted_getattr
+    if kind == "codecs-encode":
+        def encode(s, encoding):
+            if not isinstance(s, str) or encoding not in ("latin1", "latin-1"):
+                raise pickle.UnpicklingError("_codecs.encode only decodes latin1 strings")
+            return s.encode("latin-1")
+        return encode
+    if kind in ("rebuild-tensor", "storage"):
+        if on_tensor is None:
             raise ForbiddenGlobalError(module, name)
-        if kind == "getattr":
-            def restricted_getattr(obj, member):
-                if not (isinstance(obj, type) and obj.__name__ in ("MEM_FORMAT_ENCODING", "_MEM_FORMAT_ENCODING")
-                        and obj.__module__.startswith("torch.distributed.") and member in MEM_FORMAT_MEMBERS):
-                    raise ForbiddenGlobalError(module, f"getattr({getattr(obj, '__name__', type(obj).__name__)}, {member!r})")
-                return getattr(obj, member)
-            return restricted_getattr
-        if kind == "codecs-encode":
-            def encode(s, encoding):
-                if not isinstance(s, str) or encoding not in ("latin1", "latin-1"):
-                    raise pickle.UnpicklingError("_codecs.encode only decodes latin1 strings")
-                return s.encode("latin-1")
-            return encode
-        if kind in ("rebuild-tensor", "storage"):
-            raise ForbiddenGlobalError(module, name)  # tensors have no place in .metadata
-        return super().find_class("builtins" if module == "__builtin__" else module, name)
+        return on_tensor(kind, name)
+    return getattr(importlib.import_module("builtins" if module == "__builtin__" else module), name)
 
 
 def load_metadata(data):
