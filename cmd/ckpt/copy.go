@@ -145,7 +145,7 @@ or refused (exit 1) with --require-checksums.
 A committed checkpoint at DST is refused (exit 6, conflict) unless --force.
 SRC may be a run (a prefix holding step-NNNNNNNN checkpoints): each
 committed checkpoint that verifies is copied to DST/<its name>, oldest
-first; the others (uncommitted, failing verification, corrupt bytes found
+first; the others (uncommitted, not opening, failing verification, corrupt bytes found
 while copying, or already committed at DST without --force) are skipped
 and named. It fails (exit 1) only when no checkpoint was copied and none
 was already at DST.
