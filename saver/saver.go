@@ -564,6 +564,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			// rather than while staging, which blocks the caller.
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
 			src := backend.NewSlicesReader(body)
+			var tap *itemCRCTap
 			if objectCRC {
 				// Needed before the upload starts: a pass of its own.
 				results[i] = itemCRCs(body, w.Items)
@@ -575,17 +576,14 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			} else {
 				// Computed while the upload copies the bytes, in
 				// cache-sized pieces: one pass over them.
-				lengths := make([]int64, len(w.Items))
-				for j, it := range w.Items {
-					lengths[j] = it.Length
-				}
-				src.HashItems(lengths)
+				tap = newItemCRCTap(w.Items)
+				src.Tap(tap)
 			}
 			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			if !objectCRC {
-				crcs, ok := src.ItemCRCs()
+				crcs, ok := tap.CRCs()
 				if !ok { // not every byte went through this reader
 					crcs = itemCRCs(body, w.Items)
 				}
