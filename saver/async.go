@@ -114,13 +114,13 @@ type Handle struct {
 	plan    sync.Once
 	staged  chan struct{}
 	done    chan struct{}
-	start  time.Time
-	stall  time.Duration // set before SaveAsync returns the handle
-	waited time.Duration // the part of stall spent waiting for the previous save
-	res    *Result
-	err    error
-	end    time.Time
-	gate   *uploadGate // opened once staged
+	start   time.Time
+	stall   time.Duration // set before SaveAsync returns the handle
+	waited  time.Duration // the part of stall spent waiting for the previous save
+	res     *Result
+	err     error
+	end     time.Time
+	gate    *uploadGate // opened once staged
 }
 
 func newHandle(start time.Time) *Handle {
