@@ -486,7 +486,7 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     For a run URL, a checkpoint whose data turns out damaged (a CRC32C
     mismatch, a missing or truncated data object) is passed over for the
     next older valid one, as `ckpt train --resume` does (the Go core's
-    catalog.LoadWithFallback): a RuntimeWarning (and the log) names the
+    run.Run.Load): a RuntimeWarning (and the log) names the
     damaged checkpoint and the one used, ``skipped`` lists it, and the
     report describes the one loaded. Such a load writes each tensor once
     (every attempt overwrites every target), so when no older checkpoint is
