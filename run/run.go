@@ -63,6 +63,18 @@ func (r *Run) String() string { return r.st.String() }
 // StepURL is the URL of step's checkpoint (StepName under the run).
 func (r *Run) StepURL(step int64) string { return r.st.URL(catalog.StepName(step)) }
 
+// URLIn is the URL of name (a step name, CoordPrefix) under the run URL
+// runURL, its query (the backend's options) kept: for callers that hold a
+// URL rather than an open run (the C ABI's Python).
+func URLIn(runURL, name string) string {
+	base, query, ok := strings.Cut(runURL, "?")
+	u := strings.TrimRight(base, "/") + "/" + name
+	if ok {
+		u += "?" + query
+	}
+	return u
+}
+
 // Step returns the store of step's checkpoint prefix.
 func (r *Run) Step(step int64) (*backend.Store, error) { return r.st.Sub(catalog.StepName(step)) }
 
