@@ -1,6 +1,7 @@
 package run
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -188,16 +189,13 @@ func Choose(ctx context.Context, st *backend.Store, opts LatestOptions) (*Choice
 	if err == nil {
 		return &Choice{Checkpoint: c, Skipped: []Skipped{}}, nil
 	}
-	if !errors.Is(err, loader.ErrNoCheckpoint) && !errors.Is(err, loader.ErrIncomplete) {
+	if !notACheckpoint(err) {
 		return nil, err
 	}
 	if errors.Is(err, loader.ErrIncomplete) {
-		es, lerr := catalog.List(ctx, st)
-		if lerr != nil {
-			return nil, lerr
-		}
-		if len(es) == 0 {
-			return nil, err // data, no metadata, no steps: an incomplete checkpoint
+		// Data without metadata: a run only if it holds steps.
+		if es, lerr := Steps(ctx, st, err); lerr != nil || len(es) == 0 {
+			return nil, cmp.Or(lerr, err)
 		}
 	}
 	r := New(st)
@@ -217,4 +215,22 @@ func Choose(ctx context.Context, st *backend.Store, opts LatestOptions) (*Choice
 		return nil, fmt.Errorf("open checkpoint %s: %w (check the URL)", st, ErrNothingStored)
 	}
 	return ch, nil
+}
+
+// notACheckpoint reports whether err, from opening a URL as a checkpoint,
+// says that no metadata object is at its root: the URL may be a run.
+func notACheckpoint(err error) bool {
+	return errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete)
+}
+
+// Steps is the run half of Choose's rule for a caller that tried st as a
+// checkpoint itself (transfer.Copy, say) and got openErr: when openErr says
+// no metadata object is at st's root, it lists st's steps (oldest first,
+// catalog.List; none: st is not a run of any checkpoint); otherwise it
+// returns openErr.
+func Steps(ctx context.Context, st *backend.Store, openErr error) ([]catalog.Entry, error) {
+	if !notACheckpoint(openErr) {
+		return nil, openErr
+	}
+	return catalog.List(ctx, st)
 }
