@@ -20,7 +20,7 @@ var (
 	ErrNoValidCheckpoint = ckpterr.New(ckpterr.BadCheckpoint, "committed checkpoints exist but none is valid")
 	// ErrNothingStored: nothing at all is stored under the URL (a mistyped
 	// URL, or a fresh run a caller did not allow).
-	ErrNothingStored = ckpterr.New(ckpterr.NotFound, "nothing is stored under this URL")
+	ErrNothingStored = ckpterr.New(ckpterr.NotFound, "no such path")
 	// ErrInvalidArgument: a negative step, a missing Load function.
 	ErrInvalidArgument = ckpterr.New(ckpterr.Usage, "invalid argument")
 )
@@ -212,7 +212,7 @@ func Choose(ctx context.Context, st *backend.Store, opts LatestOptions) (*Choice
 		return nil, lerr
 	}
 	if _, _, named := StepOf(st.String()); ch.Empty && named {
-		return nil, fmt.Errorf("open checkpoint %s: %w (check the URL)", st, ErrNothingStored)
+		return nil, fmt.Errorf("open checkpoint %s: %w: nothing is stored there (check the URL)", st, ErrNothingStored)
 	}
 	return ch, nil
 }

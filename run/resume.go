@@ -198,7 +198,7 @@ func (r *Run) choose(ctx context.Context, opts ResumeOptions) (*Resumed, *Found,
 		return nil, nil, err
 	}
 	if res.Empty && !opts.AllowFresh {
-		return nil, nil, fmt.Errorf("resume %s: %w (check the URL)", r, ErrNothingStored)
+		return nil, nil, fmt.Errorf("resume %s: %w: nothing is stored there (check the URL)", r, ErrNothingStored)
 	}
 	return res, nil, nil
 }
