@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: build python test test-short lint bench reliability proto servers-start servers-stop clean
+.PHONY: build python wheel test test-short lint bench reliability proto servers-start servers-stop clean
 
 # The commit is stamped for `ckpt --version` also where Go's own VCS
 # stamping is off (GOFLAGS=-buildvcs=false).
@@ -13,6 +13,11 @@ build:
 # PYTHONPATH=python (or pip install ./python) makes `import ckptkit` work.
 python:
 	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags "-s -w" -o python/ckptkit/libckptkit.so ./capi
+
+# The platform wheel, libckptkit inside (scripts/wheel.sh; built by setuptools
+# in the trixie torch environment): dist/ckptkit-<version>-py3-none-<platform>.whl.
+wheel:
+	bash scripts/wheel.sh
 
 # The whole suite: lint (fails on findings), then starts the S3/GCS test
 # servers, runs every test (including the conformance matrix on every backend
@@ -49,4 +54,4 @@ servers-stop:
 	bash scripts/test-servers.sh stop
 
 clean:
-	rm -rf bin python/ckptkit/libckptkit.so python/ckptkit/libckptkit.h
+	rm -rf bin dist build python/ckptkit/libckptkit.so python/ckptkit/libckptkit.h

@@ -6,6 +6,7 @@ import (
 	"net"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/keys"
 )
 
 // Portable error sentinels. Every error returned by a Store matches at most
@@ -20,8 +21,9 @@ var (
 	// ErrUnsupported: the backend cannot perform the operation or option.
 	ErrUnsupported = ckpterr.New(ckpterr.Unsupported, "operation not supported by backend")
 	// ErrInvalidKey: the key is empty, absolute, holds NUL or tries to escape
-	// its prefix with "..". Raised before any driver sees the key.
-	ErrInvalidKey = ckpterr.New(ckpterr.Usage, "invalid object key")
+	// its prefix with "..". Raised before any driver sees the key. It is
+	// keys.ErrInvalidKey, the sentinel of the one key syntax.
+	ErrInvalidKey = keys.ErrInvalidKey
 	// ErrSizeMismatch: a write delivered a different number of bytes than it
 	// declared; nothing was published.
 	ErrSizeMismatch = ckpterr.New(ckpterr.BadCheckpoint, "written size does not match declared size")

@@ -11,7 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
+
+	"github.com/ckptkit/ckptkit/keys"
 )
 
 // RetryPolicy says how a Store retries transient failures. The Store is the
@@ -765,32 +766,11 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	})
 }
 
-// ValidateKey checks that key is a clean relative slash-separated key:
-// valid UTF-8 (object stores and file systems name objects by Unicode
-// text), not empty, not absolute, no NUL, no empty, "." or ".." segments.
-func ValidateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("empty key: %w", ErrInvalidKey)
-	}
-	if !utf8.ValidString(key) {
-		return fmt.Errorf("key %q is not valid UTF-8: %w", key, ErrInvalidKey)
-	}
-	if strings.ContainsRune(key, 0) {
-		return fmt.Errorf("key %q holds a NUL byte: %w", key, ErrInvalidKey)
-	}
-	if strings.HasPrefix(key, "/") || strings.HasPrefix(key, `\`) {
-		return fmt.Errorf("key %q is absolute: %w", key, ErrInvalidKey)
-	}
-	for _, seg := range strings.Split(key, "/") {
-		switch seg {
-		case "":
-			return fmt.Errorf("key %q has an empty segment: %w", key, ErrInvalidKey)
-		case ".", "..":
-			return fmt.Errorf("key %q has a %q segment: %w", key, seg, ErrInvalidKey)
-		}
-	}
-	return nil
-}
+// ValidateKey is keys.Validate, the one key syntax, for driver authors: a
+// clean relative slash-separated key in valid UTF-8, not empty, not
+// absolute, no NUL, no empty, "." or ".." segments. Its errors wrap
+// ErrInvalidKey.
+func ValidateKey(key string) error { return keys.Validate(key) }
 
 // cleanPrefix validates a store prefix and returns it with one trailing
 // slash ("" stays "").

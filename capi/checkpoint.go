@@ -9,7 +9,6 @@ import "C"
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/cgo"
@@ -18,7 +17,6 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
-	"github.com/ckptkit/ckptkit/planner"
 	ckrun "github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -57,27 +55,8 @@ type skipped struct {
 
 // ruleOf names the resume rule an error breaks, for the Python exception
 // types (all of class BadCheckpoint or Usage, so the class alone cannot
-// tell them apart).
-func ruleOf(err error) string {
-	var cov *planner.CoverageError
-	switch {
-	case errors.Is(err, loader.ErrPartialOptimizerState):
-		return loader.RulePartialOptimizer
-	case errors.Is(err, loader.ErrLayoutMismatch):
-		return loader.RuleLayoutMismatch
-	case errors.As(err, &cov), errors.Is(err, planner.ErrCoverage):
-		return loader.RuleShardCoverage
-	case errors.Is(err, loader.ErrChecksum):
-		return loader.RuleChecksum
-	case errors.Is(err, loader.ErrIncomplete):
-		return loader.RuleUncommitted
-	case errors.Is(err, loader.ErrMissingKeys):
-		return "missing-keys"
-	case errors.Is(err, loader.ErrTargetMismatch):
-		return "mismatch"
-	}
-	return ""
-}
+// tell them apart): loader.RuleOf, the one rule mapping.
+func ruleOf(err error) string { return loader.RuleOf(err) }
 
 func ckptOf(h C.uintptr_t) (*ckptHandle, error) { return handleValue[*ckptHandle](h, "checkpoint") }
 

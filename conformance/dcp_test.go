@@ -9,14 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestEmbeddedDCPFixturesMatchTheSharedOnes fails when an embedded DCP
+// TestEmbeddedDCPFixturesMatchTheirSources fails when an embedded DCP
 // checkpoint drifts from the real one it was copied from
-// (testdata/dcp/README.md): ../shared/fixtures next to the repository root,
-// which tests and CI both have.
-func TestEmbeddedDCPFixturesMatchTheSharedOnes(t *testing.T) {
+// (testdata/dcp/README.md): the DCP fixtures of interop/torchdcp/testdata.
+func TestEmbeddedDCPFixturesMatchTheirSources(t *testing.T) {
 	for name, src := range map[string]string{
-		"lazy_moe2":                  "../../shared/fixtures/dcp-torch2/lazy_moe2",
-		"sparse_optim":               "../../shared/fixtures/dcp-torch1.13/sparse_optim",
+		"lazy_moe2":                  "../interop/torchdcp/testdata/torch2.6/lazy_moe2",
+		"sparse_optim":               "../interop/torchdcp/testdata/sparse_optim",
 		"partial_optim":              "../interop/torchdcp/testdata/partial_optim",
 		"torch214_adafactor":         "../interop/torchdcp/testdata/torch2.14/adafactor",
 		"torch214_muon_adamw":        "../interop/torchdcp/testdata/torch2.14/muon_adamw",

@@ -96,6 +96,32 @@ func TestStoreAllGatherAndBroadcast(t *testing.T) {
 	}
 }
 
+// waitForValues returns once the store at url holds n objects under
+// prefix (an event of the other ranks, observed instead of slept for).
+func waitForValues(url, prefix string, n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := backend.Open(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for {
+		got := 0
+		if err := st.List(ctx, prefix, func(backend.ObjectInfo) error { got++; return nil }); err != nil {
+			return err
+		}
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d values under %s: %w", got, n, prefix, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
 func TestStoreAbortUnblocksEveryRank(t *testing.T) {
 	for name, url := range urls(t) {
 		t.Run(name, func(t *testing.T) {
@@ -105,7 +131,11 @@ func TestStoreAbortUnblocksEveryRank(t *testing.T) {
 					return err
 				}
 				if c.Rank() == 2 {
-					time.Sleep(50 * time.Millisecond) // the others are polling by now
+					// Abort once ranks 0 and 1 have written their values of
+					// the second round: from then on they are polling it.
+					if err := waitForValues(url, "g/000001/", 2); err != nil {
+						return err
+					}
 					c.Abort(reason)
 				}
 				_, err := c.AllGather(context.Background(), c.Rank())

@@ -146,7 +146,7 @@ func TestWriteTensorMatchesReadTensor(t *testing.T) {
 	ctx := context.Background()
 	run := ckpttest.OpenURL(t, "file://"+t.TempDir())
 	native := ckpttest.SaveStep(t, run, 1, ckpttest.NewState(4, 9), 3)
-	dcp, err := backend.Open(ctx, "../../shared/fixtures/dcp-torch1.13/dense")
+	dcp, err := backend.Open(ctx, "../interop/torchdcp/testdata/dense")
 	require.NoError(t, err)
 	defer dcp.Close()
 	for _, st := range []*backend.Store{native, dcp} {

@@ -128,7 +128,7 @@ func TestSameParamGroupsLoad(t *testing.T) {
 // a DCP checkpoint torch 2 wrote (pickled lists of fqns).
 func TestParamGroupsOfATorchWrittenCheckpoint(t *testing.T) {
 	ctx := context.Background()
-	st, err := backend.Open(ctx, "../../shared/fixtures/dcp-torch2/lazy_moe2")
+	st, err := backend.Open(ctx, "../interop/torchdcp/testdata/torch2.6/lazy_moe2")
 	require.NoError(t, err)
 	all := []string{"embed.weight", "embed.bias", "router.weight", "router.bias",
 		"experts.0.w_in.weight", "experts.0.w_in.bias", "experts.0.w_out.weight", "experts.0.w_out.bias",

@@ -21,39 +21,6 @@ import (
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
-// Rule names used in verify reports.
-const (
-	RuleUncommitted      = "uncommitted"
-	RuleMissingObject    = "missing-object"
-	RuleObjectSize       = "object-size"
-	RulePartialOptimizer = "partial-optimizer-state"
-	RuleShardCoverage    = "shard-coverage"
-	RuleLayoutMismatch   = "layout-mismatch"
-	RuleChecksum         = "checksum"
-	RuleLazyOptimizer    = "lazy-optimizer-state"
-	RuleOptimizerOmitted = "optimizer-omitted"
-)
-
-// RuleError returns the sentinel error a load fails with where Verify
-// reports a problem of rule (so that a caller that chose a checkpoint by
-// verifying it can raise the error a load would have): ErrIncomplete for
-// uncommitted prefixes and rules of no sentinel of their own.
-func RuleError(rule string) error {
-	switch rule {
-	case RulePartialOptimizer:
-		return ErrPartialOptimizerState
-	case RuleLayoutMismatch:
-		return ErrLayoutMismatch
-	case RuleShardCoverage:
-		return planner.ErrCoverage
-	case RuleChecksum:
-		return ErrChecksum
-	case RuleMissingObject, RuleObjectSize:
-		return ErrMissingObject
-	}
-	return ErrIncomplete
-}
-
 // Finding is one problem (or piece of information) found by Verify.
 type Finding struct {
 	Rule    string `json:"rule"`

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/keys"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
@@ -192,7 +192,7 @@ func decimal(s string) bool {
 func ElementSize(dtype string) int64 { return int64(statedict.DType(dtype).Size()) }
 
 // Validate checks structure: unique keys in bytewise order, valid UTF-8
-// keys, object keys that backend.ValidateKey accepts, known dtypes,
+// keys, object keys that keys.Validate accepts, known dtypes,
 // non-negative integers, shapes whose byte size fits an int64, chunk ranks
 // and bounds, raw chunk lengths, object references and ranges. Errors
 // match ErrInvalid and name the JSON path ("$.tensors[3].chunks[1]") and the
@@ -208,7 +208,7 @@ func (c *Checkpoint) Validate() error {
 	}
 	objects := make(map[string]int64, len(c.Objects))
 	for i, o := range c.Objects {
-		if err := backend.ValidateKey(o.Key); err != nil {
+		if err := keys.Validate(o.Key); err != nil {
 			return bad("$.objects[%d].key: %v", i, err)
 		}
 		if o.Key == ObjectKey {
@@ -227,7 +227,7 @@ func (c *Checkpoint) Validate() error {
 	inObject := func(what func() string, obj string, off, n int64) error {
 		size, ok := objects[obj]
 		if !ok {
-			if err := backend.ValidateKey(obj); err != nil {
+			if err := keys.Validate(obj); err != nil {
 				return bad("%s.object: %v", what(), err)
 			}
 			return bad("%s refers to object %q, which is not listed", what(), obj)

@@ -117,126 +117,180 @@ type pendingCopy struct {
 // kind or dtype mismatch or a box outside the saved shape; ErrInvalidPlan
 // for a malformed request. Coverage is not checked here (see CheckCoverage).
 func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*LoadPlan, error) {
-	if md == nil {
-		return nil, fmt.Errorf("%w: nil metadata", ErrInvalidPlan)
+	lp, err := newLoadPlanning(md, reqs, opts)
+	if err != nil {
+		return nil, err
 	}
-	maxRead := opts.MaxReadBytes
-	if maxRead <= 0 {
-		maxRead = DefaultMaxReadBytes
+	for ri := range reqs {
+		if err := lp.request(ri); err != nil {
+			return nil, err
+		}
 	}
-	if opts.MaxGapBytes < 0 {
-		return nil, fmt.Errorf("%w: MaxGapBytes %d is negative", ErrInvalidPlan, opts.MaxGapBytes)
+	order := lp.orderByObject()
+	lp.coalesce(order, lp.copiesByNeed())
+	for _, op := range lp.plan.Ops {
+		lp.plan.BytesRead += op.Length
 	}
-	plan := &LoadPlan{}
-	type entryState struct {
-		ix  chunkIndex
-		pos []int32 // chunk -> index in need, -1 if not needed yet; nil until the tensor is requested
-	}
+	return lp.plan, nil
+}
+
+// entryState is what PlanLoad knows of one requested tensor: its chunk
+// index and which of its chunks are needed.
+type entryState struct {
+	ix  chunkIndex
+	pos []int32 // chunk -> index in need, -1 if not needed yet; nil until the tensor is requested
+}
+
+// loadPlanning is one PlanLoad call: the requests resolved into the chunks
+// they need (request), ordered by object and offset (orderByObject), their
+// copies attached (copiesByNeed) and coalesced into reads (coalesce).
+type loadPlanning struct {
+	md      *metadata.Checkpoint
+	reqs    []ReadRequest
+	opts    LoadOptions
+	maxRead int64
+	plan    *LoadPlan
+
 	// Per requested tensor: a slice over all tensors when most are
 	// requested (a map per tensor cost more than the rest of planning),
 	// a map when a few are (a deep verify plans in batches: a slice of
 	// every tensor per batch would cost the whole metadata each time).
-	var dense []entryState
-	var sparse map[int]int
-	var sparseStates blockList[entryState]
-	if len(reqs) >= len(md.Tensors)/8 {
-		dense = make([]entryState, len(md.Tensors))
-	} else {
-		sparse = make(map[int]int, len(reqs))
-	}
-	stateOf := func(ti int) *entryState {
-		if dense != nil {
-			return &dense[ti]
-		}
-		k, ok := sparse[ti]
-		if !ok {
-			k = sparseStates.push(entryState{})
-			sparse[ti] = k
-		}
-		return sparseStates.at(k)
-	}
-	var ids slab[int32]
-	var starts slab[int64]
-	bytesPos := make(map[int]int32)
-	var need blockList[needed]
-	var pending blockList[pendingCopy]
-	var geom slab[int64]
-	addCopy := func(pos *int32, entry, chunk int, object string, offset, length int64, c Copy) {
-		if *pos < 0 {
-			*pos = int32(need.push(needed{entry: int32(entry), chunk: int32(chunk), object: object, offset: offset, length: length}))
-		}
-		need.at(int(*pos)).copies++
-		pending.push(pendingCopy{need: *pos, copy: c})
-	}
-	var scratch []int64
-	for ri := range reqs {
-		r := &reqs[ri]
-		ti := sort.Search(len(md.Tensors), func(i int) bool { return md.Tensors[i].Key >= r.Key })
-		bi := sort.Search(len(md.Bytes), func(i int) bool { return md.Bytes[i].Key >= r.Key })
-		var te *metadata.TensorEntry
-		var be *metadata.BytesEntry
-		if ti < len(md.Tensors) && md.Tensors[ti].Key == r.Key {
-			te = &md.Tensors[ti]
-		}
-		if bi < len(md.Bytes) && md.Bytes[bi].Key == r.Key {
-			be = &md.Bytes[bi]
-		}
-		switch r.Kind {
-		case BytesItem:
-			if be == nil {
-				if te != nil {
-					return nil, fmt.Errorf("%w: key %q: requested as bytes, checkpoint holds a %s tensor %v", ErrPlanMismatch, r.Key, te.DType, te.Shape)
-				}
-				return nil, fmt.Errorf("%w: bytes %q", ErrKeyNotFound, r.Key)
-			}
-			pos, ok := bytesPos[bi]
-			if !ok {
-				pos = -1
-			}
-			addCopy(&pos, bi, -1, be.Object, be.Offset, be.Length, Copy{Request: ri})
-			bytesPos[bi] = pos
-			plan.BytesNeeded += be.Length
-		case TensorItem:
-			if te == nil {
-				if be != nil {
-					return nil, fmt.Errorf("%w: key %q: requested as a %s tensor, checkpoint holds bytes", ErrPlanMismatch, r.Key, r.DType)
-				}
-				return nil, fmt.Errorf("%w: tensor %q", ErrKeyNotFound, r.Key)
-			}
-			if err := checkRequest(r, te); err != nil {
-				return nil, err
-			}
-			plan.BytesNeeded += statedict.NumElements(r.Sizes) * metadata.ElementSize(te.DType)
-			if statedict.NumElements(r.Sizes) == 0 {
-				continue
-			}
-			st := stateOf(ti)
-			if st.pos == nil {
-				st.ix = newChunkIndex(te, &ids, &starts)
-				st.pos = ids.take(len(te.Chunks))
-				for j := range st.pos {
-					st.pos[j] = -1
-				}
-			}
-			D := len(te.Shape)
-			if cap(scratch) < 2*D {
-				scratch = make([]int64, 2*D)
-			}
-			lo, n := scratch[:D], scratch[D:2*D]
-			st.ix.visit(te, r.Offsets, r.Sizes, lo, n, func(j int32) {
-				c := &te.Chunks[j]
-				addCopy(&st.pos[j], ti, int(j), c.Object, c.Offset, c.Length, Copy{Request: ri, Offsets: geom.clone(lo), Sizes: geom.clone(n)})
-			})
-		default:
-			return nil, fmt.Errorf("%w: request %d for %q has unknown kind %d", ErrInvalidPlan, ri, r.Key, r.Kind)
-		}
-	}
+	dense        []entryState
+	sparse       map[int]int
+	sparseStates blockList[entryState]
 
-	// Sort by object name through integer ids (names compared once per
-	// distinct object, not per comparison).
+	ids      slab[int32]
+	starts   slab[int64]
+	geom     slab[int64]
+	bytesPos map[int]int32
+	need     blockList[needed]
+	pending  blockList[pendingCopy]
+	scratch  []int64
+}
+
+// newLoadPlanning checks the options.
+func newLoadPlanning(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*loadPlanning, error) {
+	if md == nil {
+		return nil, fmt.Errorf("%w: nil metadata", ErrInvalidPlan)
+	}
+	if opts.MaxGapBytes < 0 {
+		return nil, fmt.Errorf("%w: MaxGapBytes %d is negative", ErrInvalidPlan, opts.MaxGapBytes)
+	}
+	lp := &loadPlanning{md: md, reqs: reqs, opts: opts, maxRead: opts.MaxReadBytes, plan: &LoadPlan{}, bytesPos: make(map[int]int32)}
+	if lp.maxRead <= 0 {
+		lp.maxRead = DefaultMaxReadBytes
+	}
+	if len(reqs) >= len(md.Tensors)/8 {
+		lp.dense = make([]entryState, len(md.Tensors))
+	} else {
+		lp.sparse = make(map[int]int, len(reqs))
+	}
+	return lp, nil
+}
+
+func (lp *loadPlanning) stateOf(ti int) *entryState {
+	if lp.dense != nil {
+		return &lp.dense[ti]
+	}
+	k, ok := lp.sparse[ti]
+	if !ok {
+		k = lp.sparseStates.push(entryState{})
+		lp.sparse[ti] = k
+	}
+	return lp.sparseStates.at(k)
+}
+
+// addCopy records that c needs the chunk (or bytes value) at object,
+// offset, length: a new needed chunk the first time (*pos < 0).
+func (lp *loadPlanning) addCopy(pos *int32, entry, chunk int, object string, offset, length int64, c Copy) {
+	if *pos < 0 {
+		*pos = int32(lp.need.push(needed{entry: int32(entry), chunk: int32(chunk), object: object, offset: offset, length: length}))
+	}
+	lp.need.at(int(*pos)).copies++
+	lp.pending.push(pendingCopy{need: *pos, copy: c})
+}
+
+// request resolves request ri: its bytes value, or the saved chunks its
+// region intersects, each with the copy into the request.
+func (lp *loadPlanning) request(ri int) error {
+	md, r := lp.md, &lp.reqs[ri]
+	ti := sort.Search(len(md.Tensors), func(i int) bool { return md.Tensors[i].Key >= r.Key })
+	bi := sort.Search(len(md.Bytes), func(i int) bool { return md.Bytes[i].Key >= r.Key })
+	var te *metadata.TensorEntry
+	var be *metadata.BytesEntry
+	if ti < len(md.Tensors) && md.Tensors[ti].Key == r.Key {
+		te = &md.Tensors[ti]
+	}
+	if bi < len(md.Bytes) && md.Bytes[bi].Key == r.Key {
+		be = &md.Bytes[bi]
+	}
+	switch r.Kind {
+	case BytesItem:
+		if be == nil {
+			if te != nil {
+				return fmt.Errorf("%w: key %q: requested as bytes, checkpoint holds a %s tensor %v", ErrPlanMismatch, r.Key, te.DType, te.Shape)
+			}
+			return fmt.Errorf("%w: bytes %q", ErrKeyNotFound, r.Key)
+		}
+		pos, ok := lp.bytesPos[bi]
+		if !ok {
+			pos = -1
+		}
+		lp.addCopy(&pos, bi, -1, be.Object, be.Offset, be.Length, Copy{Request: ri})
+		lp.bytesPos[bi] = pos
+		lp.plan.BytesNeeded += be.Length
+	case TensorItem:
+		if te == nil {
+			if be != nil {
+				return fmt.Errorf("%w: key %q: requested as a %s tensor, checkpoint holds bytes", ErrPlanMismatch, r.Key, r.DType)
+			}
+			return fmt.Errorf("%w: tensor %q", ErrKeyNotFound, r.Key)
+		}
+		if err := checkRequest(r, te); err != nil {
+			return err
+		}
+		lp.plan.BytesNeeded += statedict.NumElements(r.Sizes) * metadata.ElementSize(te.DType)
+		if statedict.NumElements(r.Sizes) == 0 {
+			return nil
+		}
+		st := lp.stateOf(ti)
+		if st.pos == nil {
+			st.ix = newChunkIndex(te, &lp.ids, &lp.starts)
+			st.pos = lp.ids.take(len(te.Chunks))
+			for j := range st.pos {
+				st.pos[j] = -1
+			}
+		}
+		D := len(te.Shape)
+		if cap(lp.scratch) < 2*D {
+			lp.scratch = make([]int64, 2*D)
+		}
+		lo, n := lp.scratch[:D], lp.scratch[D:2*D]
+		st.ix.visit(te, r.Offsets, r.Sizes, lo, n, func(j int32) {
+			c := &te.Chunks[j]
+			lp.addCopy(&st.pos[j], ti, int(j), c.Object, c.Offset, c.Length, Copy{Request: ri, Offsets: lp.geom.clone(lo), Sizes: lp.geom.clone(n)})
+		})
+	default:
+		return fmt.Errorf("%w: request %d for %q has unknown kind %d", ErrInvalidPlan, ri, r.Key, r.Kind)
+	}
+	return nil
+}
+
+// needKey orders the needed chunks: by object, then offset.
+type needKey struct {
+	obj    int32
+	idx    int32
+	offset int64
+}
+
+// orderByObject sorts the needed chunks by object name through integer
+// ids (names compared once per distinct object, not per comparison): a
+// counting sort by object (stable), then by offset within each object;
+// the usual layout is already in offset order, which costs one pass.
+func (lp *loadPlanning) orderByObject() []needKey {
 	objID := make(map[string]int32)
 	var names []string
-	need.each(func(_ int, n *needed) {
+	lp.need.each(func(_ int, n *needed) {
 		if _, ok := objID[n.object]; !ok {
 			objID[n.object] = 0
 			names = append(names, n.object)
@@ -246,26 +300,19 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 	for i, nm := range names {
 		objID[nm] = int32(i)
 	}
-	type sortKey struct {
-		obj    int32
-		idx    int32
-		offset int64
-	}
-	// Counting sort by object (stable), then by offset within each object;
-	// the usual layout is already in offset order, which costs one pass.
 	objStart := make([]int, len(names)+1)
-	need.each(func(_ int, n *needed) { objStart[objID[n.object]+1]++ })
+	lp.need.each(func(_ int, n *needed) { objStart[objID[n.object]+1]++ })
 	for i := range names {
 		objStart[i+1] += objStart[i]
 	}
-	order := make([]sortKey, need.n)
+	order := make([]needKey, lp.need.n)
 	fillAt := slices.Clone(objStart[:len(names)])
-	need.each(func(i int, n *needed) {
+	lp.need.each(func(i int, n *needed) {
 		o := objID[n.object]
-		order[fillAt[o]] = sortKey{obj: o, idx: int32(i), offset: n.offset}
+		order[fillAt[o]] = needKey{obj: o, idx: int32(i), offset: n.offset}
 		fillAt[o]++
 	})
-	byOffset := func(a, b sortKey) int {
+	byOffset := func(a, b needKey) int {
 		if c := cmp.Compare(a.offset, b.offset); c != 0 {
 			return c
 		}
@@ -276,25 +323,45 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 			slices.SortFunc(bucket, byOffset)
 		}
 	}
-	// Attach copies (in request order) with one allocation.
-	copyStart := make([]int32, need.n+1)
-	need.each(func(i int, n *needed) { copyStart[i+1] = copyStart[i] + n.copies })
-	flatCopies := make([]Copy, pending.n)
-	fill := slices.Clone(copyStart[:need.n])
-	pending.each(func(_ int, p *pendingCopy) {
-		flatCopies[fill[p.need]] = p.copy
+	return order
+}
+
+// copiesOf holds every needed chunk's copies (in request order) in one
+// allocation: chunk i's are flat[start[i]:start[i+1]].
+type copiesOf struct {
+	flat  []Copy
+	start []int32
+}
+
+func (c copiesOf) of(i int32) []Copy { return c.flat[c.start[i]:c.start[i+1]:c.start[i+1]] }
+
+// copiesByNeed attaches the copies to their needed chunks.
+func (lp *loadPlanning) copiesByNeed() copiesOf {
+	copyStart := make([]int32, lp.need.n+1)
+	lp.need.each(func(i int, n *needed) { copyStart[i+1] = copyStart[i] + n.copies })
+	flat := make([]Copy, lp.pending.n)
+	fill := slices.Clone(copyStart[:lp.need.n])
+	lp.pending.each(func(_ int, p *pendingCopy) {
+		flat[fill[p.need]] = p.copy
 		fill[p.need]++
 	})
-	// Coalesce, then give every op its exact slice of one ChunkRead array.
+	return copiesOf{flat: flat, start: copyStart}
+}
+
+// coalesce merges the ordered chunks into reads (gaps up to MaxGapBytes,
+// reads up to MaxReadBytes) and gives every op its exact slice of one
+// ChunkRead array.
+func (lp *loadPlanning) coalesce(order []needKey, copies copiesOf) {
+	plan, md := lp.plan, lp.md
 	reads := make([]ChunkRead, len(order))
 	var opStarts []int
 	var cur *ReadOp
 	curObj := int32(-1)
 	for i, k := range order {
-		n := need.at(int(k.idx))
+		n := lp.need.at(int(k.idx))
 		end := n.offset + n.length
-		if cur != nil && curObj == k.obj && n.offset-(cur.Offset+cur.Length) <= opts.MaxGapBytes &&
-			max(end, cur.Offset+cur.Length)-cur.Offset <= maxRead {
+		if cur != nil && curObj == k.obj && n.offset-(cur.Offset+cur.Length) <= lp.opts.MaxGapBytes &&
+			max(end, cur.Offset+cur.Length)-cur.Offset <= lp.maxRead {
 			cur.Length = max(end, cur.Offset+cur.Length) - cur.Offset
 		} else {
 			opStarts = append(opStarts, i)
@@ -309,16 +376,12 @@ func PlanLoad(md *metadata.Checkpoint, reqs []ReadRequest, opts LoadOptions) (*L
 			key = md.Tensors[n.entry].Key
 		}
 		reads[i] = ChunkRead{Key: key, Entry: int(n.entry), Chunk: int(n.chunk), Start: n.offset - cur.Offset, Length: n.length,
-			Copies: flatCopies[copyStart[k.idx]:copyStart[k.idx+1]:copyStart[k.idx+1]]}
+			Copies: copies.of(k.idx)}
 	}
 	opStarts = append(opStarts, len(reads))
 	for o := range plan.Ops {
 		plan.Ops[o].Chunks = reads[opStarts[o]:opStarts[o+1]:opStarts[o+1]]
 	}
-	for _, op := range plan.Ops {
-		plan.BytesRead += op.Length
-	}
-	return plan, nil
 }
 
 // checkRequest checks a tensor request against the saved entry.

@@ -94,15 +94,66 @@ type unit struct {
 // index its final slices. WriteItems share the caller's slices.
 // Cost: O(n log n) in the number of items.
 func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
-	name := opts.ObjectName
-	if name == nil {
-		name = DefaultObjectName
+	sp, err := newSavePlanning(plans, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := sp.groupByKey(); err != nil {
+		return nil, err
+	}
+	sp.newMetadata()
+	if err := sp.tensorUnits(); err != nil {
+		return nil, err
+	}
+	if err := sp.bytesUnits(); err != nil {
+		return nil, err
+	}
+	sp.balance()
+	writes, err := sp.pack(sp.perRank())
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(writes, func(a, b RankWrites) int { return strings.Compare(a.Object, b.Object) })
+	sp.md.Objects = make([]metadata.ObjectEntry, len(writes))
+	for i, w := range writes {
+		sp.md.Objects[i] = metadata.ObjectEntry{Key: w.Object, Size: w.Size}
+	}
+	return &GlobalPlan{Writes: writes, Metadata: sp.md}, nil
+}
+
+// savePlanning is one PlanSave call: the plans, what each phase derives
+// from them, and the metadata being built. Each phase is a method, in the
+// order PlanSave calls them.
+type savePlanning struct {
+	plans []LocalPlan
+	opts  SaveOptions
+	name  func(rank, n int) string
+	total int // items in all plans
+
+	flat   []itemRef  // every item, grouped by key (groupByKey)
+	groups []keyGroup // one per key, in key order
+	// tensorGroups and bytesGroups index groups by kind, in key order.
+	tensorGroups, bytesGroups []int32
+
+	md           *metadata.Checkpoint
+	units        []unit // tensor chunks first (nTensorUnits), then bytes
+	nTensorUnits int
+	// Shared backing arrays for all metadata geometry and chunks.
+	geom      slab[int64]
+	chunkSlab slab[metadata.Chunk]
+}
+
+// newSavePlanning checks the options and that every plan has its own
+// non-negative rank.
+func newSavePlanning(plans []LocalPlan, opts SaveOptions) (*savePlanning, error) {
+	sp := &savePlanning{plans: plans, opts: opts, name: opts.ObjectName}
+	if sp.name == nil {
+		sp.name = DefaultObjectName
 	}
 	if opts.MaxObjectBytes < 0 {
 		return nil, fmt.Errorf("%w: MaxObjectBytes %d is negative", ErrInvalidPlan, opts.MaxObjectBytes)
 	}
 	seenRank := make(map[int]int, len(plans))
-	total := 0
 	for i, p := range plans {
 		if p.Rank < 0 {
 			return nil, fmt.Errorf("%w: plan %d has negative rank %d", ErrInvalidPlan, i, p.Rank)
@@ -111,129 +162,161 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 			return nil, fmt.Errorf("%w: plans %d and %d both claim rank %d", ErrInvalidPlan, j, i, p.Rank)
 		}
 		seenRank[p.Rank] = i
-		total += len(p.Items)
+		sp.total += len(p.Items)
 	}
-	item := func(r itemRef) *SaveItem { return &plans[r.plan].Items[r.item] }
-	rank := func(r itemRef) int { return plans[r.plan].Rank }
+	return sp, nil
+}
 
-	// Validate items and group them by key: a merge of the plans in key
-	// order (each plan sorted first if it is not already), so a group's
-	// offers are adjacent and the groups come out sorted, without a map of
-	// keys. The first offer of a group is the one of the lowest plan index.
-	flat := make([]itemRef, 0, total)
+func (sp *savePlanning) item(r itemRef) *SaveItem { return &sp.plans[r.plan].Items[r.item] }
+func (sp *savePlanning) rank(r itemRef) int       { return sp.plans[r.plan].Rank }
+
+// groupByKey validates items and groups them by key: a merge of the plans
+// in key order (each plan sorted first if it is not already), so a group's
+// offers are adjacent and the groups come out sorted, without a map of
+// keys. The first offer of a group is the one of the lowest plan index.
+func (sp *savePlanning) groupByKey() error {
+	sp.flat = make([]itemRef, 0, sp.total)
 	longest := 0
-	for _, p := range plans {
+	for _, p := range sp.plans {
 		longest = max(longest, len(p.Items))
 	}
 	// As many groups as the longest plan has items when every rank
 	// offers the same keys (the usual case); more only grow.
-	groups := make([]keyGroup, 0, longest)
+	sp.groups = make([]keyGroup, 0, longest)
 	var err error
-	mergeByKey(plans, func(r itemRef) bool {
-		it := item(r)
-		if err = checkItem(it, rank(r)); err != nil {
+	mergeByKey(sp.plans, func(r itemRef) bool {
+		it := sp.item(r)
+		if err = checkItem(it, sp.rank(r)); err != nil {
 			return false
 		}
-		if n := len(groups); n > 0 && groups[n-1].key == it.Key {
-			if err = agree(item(groups[n-1].first), rank(groups[n-1].first), it, rank(r)); err != nil {
+		if n := len(sp.groups); n > 0 && sp.groups[n-1].key == it.Key {
+			if err = agree(sp.item(sp.groups[n-1].first), sp.rank(sp.groups[n-1].first), it, sp.rank(r)); err != nil {
 				return false
 			}
 		} else {
-			groups = append(groups, keyGroup{key: it.Key, first: r, start: int32(len(flat))})
+			sp.groups = append(sp.groups, keyGroup{key: it.Key, first: r, start: int32(len(sp.flat))})
 		}
-		flat = append(flat, r)
+		sp.flat = append(sp.flat, r)
 		return true
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var tensorGroups, bytesGroups []int32
-	for g := range groups {
-		end := int32(len(flat))
-		if g+1 < len(groups) {
-			end = groups[g+1].start
+	for g := range sp.groups {
+		end := int32(len(sp.flat))
+		if g+1 < len(sp.groups) {
+			end = sp.groups[g+1].start
 		}
-		groups[g].refs = flat[groups[g].start:end:end]
-		if item(groups[g].first).Kind == TensorItem {
-			tensorGroups = append(tensorGroups, int32(g))
+		sp.groups[g].refs = sp.flat[sp.groups[g].start:end:end]
+		if sp.item(sp.groups[g].first).Kind == TensorItem {
+			sp.tensorGroups = append(sp.tensorGroups, int32(g))
 		} else {
-			bytesGroups = append(bytesGroups, int32(g))
+			sp.bytesGroups = append(sp.bytesGroups, int32(g))
 		}
 	}
+	return nil
+}
 
-	md := &metadata.Checkpoint{
+// newMetadata starts the checkpoint's metadata: one entry per key.
+func (sp *savePlanning) newMetadata() {
+	sp.md = &metadata.Checkpoint{
 		Format:    metadata.FormatName,
 		Version:   metadata.VersionString(),
-		WorldSize: len(plans),
-		Tensors:   make([]metadata.TensorEntry, len(tensorGroups)),
-		Bytes:     make([]metadata.BytesEntry, len(bytesGroups)),
+		WorldSize: len(sp.plans),
+		Tensors:   make([]metadata.TensorEntry, len(sp.tensorGroups)),
+		Bytes:     make([]metadata.BytesEntry, len(sp.bytesGroups)),
 		Training:  metadata.TrainingState{Optimizer: metadata.OptimizerNone},
 	}
-	units := make([]unit, 0, total)
-	// Shared backing arrays for all metadata geometry and chunks.
-	var geom slab[int64]
-	var chunkSlab slab[metadata.Chunk]
-	sameGeom := func(a, b itemRef) bool {
-		return slices.Equal(item(a).Offsets, item(b).Offsets) && slices.Equal(item(a).Sizes, item(b).Sizes)
+	sp.units = make([]unit, 0, sp.total)
+}
+
+func (sp *savePlanning) sameGeom(a, b itemRef) bool {
+	return slices.Equal(sp.item(a).Offsets, sp.item(b).Offsets) && slices.Equal(sp.item(a).Sizes, sp.item(b).Sizes)
+}
+
+func (sp *savePlanning) geomCmp(a, b itemRef) int {
+	x, y := sp.item(a), sp.item(b)
+	if c := slices.Compare(x.Offsets, y.Offsets); c != 0 {
+		return c
 	}
-	geomCmp := func(a, b itemRef) int {
-		x, y := item(a), item(b)
-		if c := slices.Compare(x.Offsets, y.Offsets); c != 0 {
-			return c
-		}
-		if c := slices.Compare(x.Sizes, y.Sizes); c != 0 {
-			return c
-		}
-		return cmp.Compare(rank(a), rank(b))
+	if c := slices.Compare(x.Sizes, y.Sizes); c != 0 {
+		return c
 	}
-	for e, g := range tensorGroups {
-		grp := &groups[g]
-		first := item(grp.first)
-		te := &md.Tensors[e]
-		te.Key, te.DType, te.Shape = grp.key, first.DType, geom.clone(first.GlobalShape)
+	return cmp.Compare(sp.rank(a), sp.rank(b))
+}
+
+// tensorUnits fills the tensor entries: each distinct chunk once (empty
+// chunks dropped), offered by one or more ranks (a unit), a rank offering
+// one chunk twice refused, the chunks tiling the global shape exactly.
+func (sp *savePlanning) tensorUnits() error {
+	for e, g := range sp.tensorGroups {
+		grp := &sp.groups[g]
+		first := sp.item(grp.first)
+		te := &sp.md.Tensors[e]
+		te.Key, te.DType, te.Shape = grp.key, first.DType, sp.geom.clone(first.GlobalShape)
 		refs := slices.DeleteFunc(grp.refs, func(r itemRef) bool {
-			return statedict.NumElements(item(r).Sizes) == 0
+			return statedict.NumElements(sp.item(r).Sizes) == 0
 		})
-		slices.SortFunc(refs, geomCmp)
+		slices.SortFunc(refs, sp.geomCmp)
 		distinct := 0
 		for i := range refs {
-			if i == 0 || !sameGeom(refs[i-1], refs[i]) {
+			if i == 0 || !sp.sameGeom(refs[i-1], refs[i]) {
 				distinct++
 			}
 		}
-		te.Chunks = chunkSlab.take(distinct)[:0]
+		te.Chunks = sp.chunkSlab.take(distinct)[:0]
 		for i := 0; i < len(refs); {
 			j := i + 1
-			for j < len(refs) && sameGeom(refs[i], refs[j]) {
-				if rank(refs[j]) == rank(refs[j-1]) {
-					return nil, fmt.Errorf("%w: rank %d offers tensor %q chunk offsets %v sizes %v twice", ErrInvalidPlan, rank(refs[j]), grp.key, item(refs[j]).Offsets, item(refs[j]).Sizes)
+			for j < len(refs) && sp.sameGeom(refs[i], refs[j]) {
+				if sp.rank(refs[j]) == sp.rank(refs[j-1]) {
+					return fmt.Errorf("%w: rank %d offers tensor %q chunk offsets %v sizes %v twice", ErrInvalidPlan, sp.rank(refs[j]), grp.key, sp.item(refs[j]).Offsets, sp.item(refs[j]).Sizes)
 				}
 				j++
 			}
-			it := item(refs[i])
-			te.Chunks = append(te.Chunks, metadata.Chunk{Offsets: geom.clone(it.Offsets), Sizes: geom.clone(it.Sizes), Length: it.Length})
-			units = append(units, unit{entry: int32(e), chunk: int32(len(te.Chunks) - 1), length: it.Length, refs: refs[i:j]})
+			it := sp.item(refs[i])
+			te.Chunks = append(te.Chunks, metadata.Chunk{Offsets: sp.geom.clone(it.Offsets), Sizes: sp.geom.clone(it.Sizes), Length: it.Length})
+			sp.units = append(sp.units, unit{entry: int32(e), chunk: int32(len(te.Chunks) - 1), length: it.Length, refs: refs[i:j]})
 			i = j
 		}
 		if err := CheckCoverage(te); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	nTensorUnits := len(units)
-	for e, g := range bytesGroups {
-		grp := &groups[g]
-		slices.SortFunc(grp.refs, func(a, b itemRef) int { return cmp.Compare(rank(a), rank(b)) })
+	sp.nTensorUnits = len(sp.units)
+	return nil
+}
+
+// bytesUnits fills the bytes entries: one unit per key, a rank offering
+// one key twice refused.
+func (sp *savePlanning) bytesUnits() error {
+	for e, g := range sp.bytesGroups {
+		grp := &sp.groups[g]
+		slices.SortFunc(grp.refs, func(a, b itemRef) int { return cmp.Compare(sp.rank(a), sp.rank(b)) })
 		for i := 1; i < len(grp.refs); i++ {
-			if rank(grp.refs[i]) == rank(grp.refs[i-1]) {
-				return nil, fmt.Errorf("%w: rank %d offers bytes %q twice", ErrInvalidPlan, rank(grp.refs[i]), grp.key)
+			if sp.rank(grp.refs[i]) == sp.rank(grp.refs[i-1]) {
+				return fmt.Errorf("%w: rank %d offers bytes %q twice", ErrInvalidPlan, sp.rank(grp.refs[i]), grp.key)
 			}
 		}
-		md.Bytes[e] = metadata.BytesEntry{Key: grp.key, Length: item(grp.first).Length}
-		units = append(units, unit{entry: int32(e), chunk: -1, length: item(grp.first).Length, refs: grp.refs})
+		sp.md.Bytes[e] = metadata.BytesEntry{Key: grp.key, Length: sp.item(grp.first).Length}
+		sp.units = append(sp.units, unit{entry: int32(e), chunk: -1, length: sp.item(grp.first).Length, refs: grp.refs})
 	}
+	return nil
+}
 
-	// Balance writers by bytes.
-	load := make([]int64, len(plans))
+// unitKey is the key of u, from the metadata.
+func (sp *savePlanning) unitKey(u *unit) string {
+	if u.chunk < 0 {
+		return sp.md.Bytes[u.entry].Key
+	}
+	return sp.md.Tensors[u.entry].Key
+}
+
+// balance picks each unit's writer: its only offerer, or for replicated
+// units (largest first, then by key and chunk) the least loaded offerer
+// by bytes.
+func (sp *savePlanning) balance() {
+	units := sp.units
+	load := make([]int64, len(sp.plans))
 	var replicated []int32
 	for u := range units {
 		if len(units[u].refs) == 1 {
@@ -243,18 +326,12 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 			replicated = append(replicated, int32(u))
 		}
 	}
-	unitKey := func(u *unit) string {
-		if u.chunk < 0 {
-			return md.Bytes[u.entry].Key
-		}
-		return md.Tensors[u.entry].Key
-	}
 	slices.SortFunc(replicated, func(a, b int32) int {
 		ua, ub := &units[a], &units[b]
 		if c := cmp.Compare(ub.length, ua.length); c != 0 {
 			return c
 		}
-		if c := strings.Compare(unitKey(ua), unitKey(ub)); c != 0 {
+		if c := strings.Compare(sp.unitKey(ua), sp.unitKey(ub)); c != 0 {
 			return c
 		}
 		return cmp.Compare(ua.chunk, ub.chunk)
@@ -269,14 +346,17 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 		units[u].writer = best
 		load[best.plan] += units[u].length
 	}
+}
 
-	// Walk units in global key order (tensors and bytes merged by key),
-	// appending each to its writer's list.
-	perPlan := make([][]int32, len(plans))
-	ti, bi := 0, nTensorUnits
-	for ti < nTensorUnits || bi < len(units) {
+// perRank walks the units in global key order (tensors and bytes merged by
+// key) and returns each plan's units, in that order.
+func (sp *savePlanning) perRank() [][]int32 {
+	units, md := sp.units, sp.md
+	perPlan := make([][]int32, len(sp.plans))
+	ti, bi := 0, sp.nTensorUnits
+	for ti < sp.nTensorUnits || bi < len(units) {
 		var u int
-		if bi >= len(units) || (ti < nTensorUnits && md.Tensors[units[ti].entry].Key < md.Bytes[units[bi].entry].Key) {
+		if bi >= len(units) || (ti < sp.nTensorUnits && md.Tensors[units[ti].entry].Key < md.Bytes[units[bi].entry].Key) {
 			u, ti = ti, ti+1
 		} else {
 			u, bi = bi, bi+1
@@ -284,8 +364,13 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 		w := units[u].writer.plan
 		perPlan[w] = append(perPlan[w], int32(u))
 	}
+	return perPlan
+}
 
-	// Pack each rank's units into objects.
+// pack packs each rank's units back to back into objects, a new object
+// when MaxObjectBytes would be exceeded, and records where each chunk and
+// bytes value lands in the metadata.
+func (sp *savePlanning) pack(perPlan [][]int32) ([]RankWrites, error) {
 	var writes []RankWrites
 	objSeen := make(map[string]int)
 	for pi, us := range perPlan {
@@ -293,9 +378,9 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 			continue
 		}
 		items := make([]WriteItem, len(us))
-		r := plans[pi].Rank
+		r := sp.plans[pi].Rank
 		n, start := 0, 0
-		cur := RankWrites{Rank: r, Object: name(r, 0)}
+		cur := RankWrites{Rank: r, Object: sp.name(r, 0)}
 		flush := func(end int) error {
 			if other, dup := objSeen[cur.Object]; dup {
 				return fmt.Errorf("%w: object name %q used by ranks %d and %d", ErrInvalidPlan, cur.Object, other, r)
@@ -306,24 +391,24 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 			return nil
 		}
 		for i, u := range us {
-			un := &units[u]
-			if opts.MaxObjectBytes > 0 && i > start && cur.Size+un.length > opts.MaxObjectBytes {
+			un := &sp.units[u]
+			if sp.opts.MaxObjectBytes > 0 && i > start && cur.Size+un.length > sp.opts.MaxObjectBytes {
 				if err := flush(i); err != nil {
 					return nil, err
 				}
 				n++
 				start = i
-				cur = RankWrites{Rank: r, Object: name(r, n)}
+				cur = RankWrites{Rank: r, Object: sp.name(r, n)}
 			}
 			// The key from the metadata, which units walk in order, not
 			// from the plans, which they visit out of order.
-			items[i] = WriteItem{Key: unitKey(un), Length: un.length, LocalIndex: int(un.writer.item),
+			items[i] = WriteItem{Key: sp.unitKey(un), Length: un.length, LocalIndex: int(un.writer.item),
 				Object: cur.Object, Offset: cur.Size, Entry: int(un.entry), Chunk: int(un.chunk)}
 			if un.chunk < 0 {
-				b := &md.Bytes[un.entry]
+				b := &sp.md.Bytes[un.entry]
 				b.Object, b.Offset = cur.Object, cur.Size
 			} else {
-				c := &md.Tensors[un.entry].Chunks[un.chunk]
+				c := &sp.md.Tensors[un.entry].Chunks[un.chunk]
 				c.Object, c.Offset = cur.Object, cur.Size
 			}
 			cur.Size += un.length
@@ -332,12 +417,7 @@ func PlanSave(plans []LocalPlan, opts SaveOptions) (*GlobalPlan, error) {
 			return nil, err
 		}
 	}
-	slices.SortFunc(writes, func(a, b RankWrites) int { return strings.Compare(a.Object, b.Object) })
-	md.Objects = make([]metadata.ObjectEntry, len(writes))
-	for i, w := range writes {
-		md.Objects[i] = metadata.ObjectEntry{Key: w.Object, Size: w.Size}
-	}
-	return &GlobalPlan{Writes: writes, Metadata: md}, nil
+	return writes, nil
 }
 
 // checkItem validates one item on its own.

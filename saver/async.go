@@ -33,6 +33,15 @@ type AsyncOptions struct {
 	// default the pool's pages are faulted in by the first saves that use
 	// them.
 	Prefault bool
+	// Overlap makes SaveAsync and SaveLocalAsync return once the save is
+	// planned (every rank agreed on the plan), not once it is staged: the
+	// copy of the state into the pool then runs in the background, within
+	// the same budget, while the caller computes (the next step's forward
+	// and backward pass). The caller must not modify the state's buffers
+	// until the handle's Staged channel is closed (WaitStaged); a staging
+	// failure surfaces on Wait and on the next save, like an upload
+	// failure, and cancelling the save's context aborts staging too.
+	Overlap bool
 }
 
 // A Saver runs asynchronous saves: SaveAsync returns once the state is
@@ -43,8 +52,9 @@ type AsyncOptions struct {
 // is safe for concurrent use; create one per process (or per rank of a
 // multi-process job) and keep it for the whole run.
 type Saver struct {
-	stg    *stager
-	refuse bool
+	stg     *stager
+	refuse  bool
+	overlap bool
 
 	mu      sync.Mutex
 	cur     *Handle // the newest save; nil before the first
@@ -64,7 +74,7 @@ func NewSaver(opts AsyncOptions) (*Saver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Saver{stg: stg, refuse: opts.RefuseWhileBusy}, nil
+	return &Saver{stg: stg, refuse: opts.RefuseWhileBusy, overlap: opts.Overlap}, nil
 }
 
 // State is where an asynchronous save stands.
@@ -99,9 +109,11 @@ func (s State) String() string {
 
 // Handle is one asynchronous save.
 type Handle struct {
-	state  atomic.Int32
-	staged chan struct{}
-	done   chan struct{}
+	state   atomic.Int32
+	planned chan struct{} // closed once planned, or once the save is final
+	plan    sync.Once
+	staged  chan struct{}
+	done    chan struct{}
 	start  time.Time
 	stall  time.Duration // set before SaveAsync returns the handle
 	waited time.Duration // the part of stall spent waiting for the previous save
@@ -112,8 +124,13 @@ type Handle struct {
 }
 
 func newHandle(start time.Time) *Handle {
-	return &Handle{staged: make(chan struct{}), done: make(chan struct{}), start: start, gate: newUploadGate()}
+	return &Handle{planned: make(chan struct{}), staged: make(chan struct{}), done: make(chan struct{}), start: start, gate: newUploadGate()}
 }
+
+// markPlanned is called once every rank has the save's plan, and again
+// (a no-op then) once the save is final, so that a save failing before
+// its plan still releases SaveAsync, after its outcome is set.
+func (h *Handle) markPlanned() { h.plan.Do(func() { close(h.planned) }) }
 
 func (h *Handle) markStaged() {
 	h.state.CompareAndSwap(int32(Staging), int32(Staged))
@@ -137,6 +154,19 @@ func (h *Handle) State() State { return State(h.state.Load()) }
 // Staged is closed once the caller's buffers are no longer read.
 func (h *Handle) Staged() <-chan struct{} { return h.staged }
 
+// WaitStaged waits until the caller's buffers are no longer read (Staged),
+// or returns ctx's error if ctx ends first. With AsyncOptions.Overlap the
+// caller calls it before modifying the saved state (right before its
+// optimizer step); whether the save then succeeds is Wait's answer.
+func (h *Handle) WaitStaged(ctx context.Context) error {
+	select {
+	case <-h.staged:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("saver: wait for staging: %w", ctx.Err())
+	}
+}
+
 // Done is closed once the save has committed or failed.
 func (h *Handle) Done() <-chan struct{} { return h.done }
 
@@ -152,7 +182,8 @@ func (h *Handle) Wait(ctx context.Context) (*Result, error) {
 }
 
 // Stall is how long the call that started the save blocked its caller:
-// waiting for the previous save, planning and staging.
+// waiting for the previous save, planning and (unless
+// AsyncOptions.Overlap) staging.
 func (h *Handle) Stall() time.Duration { return h.stall }
 
 // Waited is the part of Stall spent waiting for the previous save to
@@ -173,14 +204,15 @@ func (h *Handle) Elapsed() time.Duration {
 // SaveAsync is one rank's part of a collective asynchronous save: every
 // rank of c calls it (with its own Saver when ranks are processes). It
 // returns once this rank's state is staged, after which the caller may
-// modify sd's buffers; the save goes on in the background under ctx (which
+// modify sd's buffers (with AsyncOptions.Overlap: once the save is
+// planned, and the caller waits for Staged before modifying them); the save goes on in the background under ctx (which
 // must outlive it: cancelling ctx aborts it, uncommitted). If the previous
 // save of s failed, SaveAsync returns that failure instead of starting.
 // A save that fails before it is staged returns its error too (the handle
 // is then final).
 func (s *Saver) SaveAsync(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options) (*Handle, error) {
 	return s.start(ctx, func(h *Handle, stg *staging) (*Result, error) {
-		return save(ctx, st, c, sd, opts, stg, h.markStaged)
+		return save(ctx, st, c, sd, opts, stg, hooks{planned: h.markPlanned, staged: h.markStaged})
 	})
 }
 
@@ -188,7 +220,7 @@ func (s *Saver) SaveAsync(ctx context.Context, st *backend.Store, c coordinator.
 // this process (like SaveLocal): it returns once every rank is staged.
 func (s *Saver) SaveLocalAsync(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options) (*Handle, error) {
 	return s.start(ctx, func(h *Handle, stg *staging) (*Result, error) {
-		return saveRanks(ctx, st, sds, opts, stg, h.markStaged)
+		return saveRanks(ctx, st, sds, opts, stg, hooks{planned: h.markPlanned, staged: h.markStaged})
 	})
 }
 
@@ -208,8 +240,13 @@ func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*R
 			s.pending = err
 		}
 		s.mu.Unlock()
+		h.markPlanned()
 	}()
-	<-h.staged
+	if s.overlap {
+		<-h.planned
+	} else {
+		<-h.staged
+	}
 	h.stall = time.Since(t0)
 	select {
 	case <-h.done:

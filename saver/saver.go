@@ -117,30 +117,53 @@ type Result struct {
 // SaveLocal saves the statedicts of len(sds) ranks running as goroutines of
 // this process. It returns when the checkpoint is committed or has failed.
 func SaveLocal(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options) (*Result, error) {
-	return saveRanks(ctx, st, sds, opts, nil, func() {})
+	return saveRanks(ctx, st, sds, opts, nil, hooks{})
+}
+
+// hooks tell an asynchronous save's caller where the save stands: planned
+// once every rank has the plan (never on a failure before it), staged once
+// the caller's buffers are no longer read (also when the save fails before
+// that). Nil hooks are not called.
+type hooks struct {
+	planned, staged func()
+}
+
+func (hooks) call(f func()) {
+	if f != nil {
+		f()
+	}
 }
 
 // saveRanks runs save for len(sds) in-process ranks and returns rank 0's
-// outcome (all ranks agree on it). staged is called once every rank has
+// outcome (all ranks agree on it). Each hook is called once every rank has
 // called its own.
-func saveRanks(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options, stg *staging, staged func()) (*Result, error) {
+func saveRanks(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options, stg *staging, h hooks) (*Result, error) {
 	coords := coordinator.NewLocal(len(sds))
 	results := make([]*Result, len(sds))
 	errs := make([]error, len(sds))
 	done := make(chan int, len(sds))
-	var pending atomic.Int64
-	pending.Store(int64(len(sds)))
-	rankStaged := func() {
-		if pending.Add(-1) == 0 {
-			staged()
-		}
+	var unplanned, unstaged atomic.Int64
+	unplanned.Store(int64(len(sds)))
+	unstaged.Store(int64(len(sds)))
+	rank := hooks{
+		planned: func() {
+			if unplanned.Add(-1) == 0 {
+				h.call(h.planned)
+			}
+		},
+		staged: func() {
+			if unstaged.Add(-1) == 0 {
+				h.call(h.staged)
+			}
+		},
 	}
 	if len(sds) == 0 {
-		staged()
+		h.call(h.planned)
+		h.call(h.staged)
 	}
 	for r := range sds {
 		go func(r int) {
-			results[r], errs[r] = save(ctx, st, coords[r], sds[r], opts, stg, rankStaged)
+			results[r], errs[r] = save(ctx, st, coords[r], sds[r], opts, stg, rank)
 			done <- r
 		}(r)
 	}
@@ -293,17 +316,18 @@ type commitOutcome struct {
 // Save is one rank's part of a collective save: every rank of c calls it
 // with its own statedict. All ranks return the same outcome.
 func Save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options) (*Result, error) {
-	return save(ctx, st, c, sd, opts, nil, func() {})
+	return save(ctx, st, c, sd, opts, nil, hooks{})
 }
 
 // save is the one save algorithm, synchronous (stg nil: objects are written
 // straight from the caller's buffers) or staged (every object is copied
-// into stg's pool first, within its budget). staged is called exactly once,
-// when this rank no longer reads the caller's buffers: after its last
+// into stg's pool first, within its budget). h.planned is called once the
+// rank has the global plan (not on a failure before it); h.staged exactly
+// once, when this rank no longer reads the caller's buffers: after its last
 // object is staged, or when the save fails before that.
-func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options, stg *staging, staged func()) (*Result, error) {
+func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options, stg *staging, h hooks) (*Result, error) {
 	start := time.Now()
-	staged = sync.OnceFunc(staged)
+	staged := sync.OnceFunc(func() { h.call(h.staged) })
 	defer staged()
 	opts.defaults()
 	rank := c.Rank()
@@ -352,6 +376,7 @@ func save(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd 
 	if out.err != nil {
 		return nil, out.err
 	}
+	h.call(h.planned)
 
 	// 3. Every rank writes its objects.
 	ro := writeRank(ctx, st, rank, out.plan, data, opts, stg, staged)
@@ -539,6 +564,7 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			// rather than while staging, which blocks the caller.
 			po := backend.PutOptions{ContentType: "application/octet-stream"}
 			src := backend.NewSlicesReader(body)
+			var tap *itemCRCTap
 			if objectCRC {
 				// Needed before the upload starts: a pass of its own.
 				results[i] = itemCRCs(body, w.Items)
@@ -550,17 +576,14 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			} else {
 				// Computed while the upload copies the bytes, in
 				// cache-sized pieces: one pass over them.
-				lengths := make([]int64, len(w.Items))
-				for j, it := range w.Items {
-					lengths[j] = it.Length
-				}
-				src.HashItems(lengths)
+				tap = newItemCRCTap(w.Items)
+				src.Tap(tap)
 			}
 			if err := st.Put(gctx, w.Object, w.Size, src, po); err != nil {
 				return fmt.Errorf("save rank %d: %w", rank, err)
 			}
 			if !objectCRC {
-				crcs, ok := src.ItemCRCs()
+				crcs, ok := tap.CRCs()
 				if !ok { // not every byte went through this reader
 					crcs = itemCRCs(body, w.Items)
 				}

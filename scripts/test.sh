@@ -59,7 +59,8 @@ for suite in ${CKPTKIT_TORCH_SUITES:-trixie forky}; do
 		{ [[ "${CI:-}" == "true" || -f $env_dir/.ckptkit-ready ]] && bash scripts/torch-env.sh -s "$suite" build; }; then
 		if [[ -z $built ]]; then
 			if make -s python && CGO_ENABLED=0 go build -o bin/ckpt ./cmd/ckpt &&
-				CGO_ENABLED=0 go build -o bin/plugins/fsplugin ./plugins/examples/fsplugin; then
+				CGO_ENABLED=0 go build -o bin/plugins/fsplugin ./plugins/examples/fsplugin &&
+				bash scripts/wheel.sh -s "$suite" >/dev/null; then
 				built=ok
 			else
 				built=failed

@@ -12,9 +12,8 @@
 #   scripts/torch-env.sh [-s SUITE] status      exit 0 when it is built with today's package list
 #   scripts/torch-env.sh [-s SUITE] version     print "torch X, Python Y" of the environment
 #   scripts/torch-env.sh [-s SUITE] run CMD...  run CMD inside it, with the repo
-#                                     bind-mounted at /run.PID/repo (the cwd;
-#                                     ../shared at /run.PID/shared when it
-#                                     exists), PYTHONPATH set to its python/
+#                                     bind-mounted at /run.PID/repo (the
+#                                     cwd), PYTHONPATH set to its python/
 #
 # The mirror comes from the host's apt sources (first http(s) Debian URI).
 # Mounts made by `run` are always removed by an EXIT trap. Needs root.
@@ -130,17 +129,13 @@ run() {
 	local root=$ENV_DIR
 	# torch's process-based async checkpointing resolves the host name.
 	cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
-	# Per-invocation mount points: the repo at /run.PID/repo (cwd),
-	# ../shared at /run.PID/shared.
+	# Per-invocation mount point: the repo at /run.PID/repo (cwd).
 	local inside=/run.$$
-	mkdir -p "$root$inside/repo" "$root$inside/shared"
+	mkdir -p "$root$inside/repo"
 	trap unmounts EXIT
-	MOUNTED+=("$root$inside" "$root$inside/repo" "$root$inside/shared")
+	MOUNTED+=("$root$inside" "$root$inside/repo")
 	mounts "$root"
 	mount --bind "$REPO" "$root$inside/repo" && MOUNTED+=("$root$inside/repo")
-	if [[ -d $REPO/../shared ]]; then
-		mount --bind -o ro "$REPO/../shared" "$root$inside/shared" && MOUNTED+=("$root$inside/shared")
-	fi
 	# The chroot sees the host's network namespace, so the S3/GCS test
 	# servers on 127.0.0.1 are reachable with the host's URLs.
 	local status=0 v
@@ -154,7 +149,7 @@ run() {
 	chroot "$root" /usr/bin/env -i \
 		CKPTKIT_TORCH_SUITE="$SUITE" PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 USE_LIBUV=0 \
 		PYTHONPATH=$inside/repo/python PYTHONDONTWRITEBYTECODE=1 \
-		CKPTKIT_FIXTURES=$inside/shared/fixtures CKPTKIT_CKPT_BIN=$inside/repo/bin/ckpt \
+		CKPTKIT_CKPT_BIN=$inside/repo/bin/ckpt \
 		"${pass[@]}" \
 		sh -c 'cd "$0" && exec "$@"' "$inside/repo" "$@" || status=$?
 	return "$status"

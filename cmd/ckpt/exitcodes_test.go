@@ -66,7 +66,7 @@ func TestOneErrorOfEveryClassThroughTheCLI(t *testing.T) {
 
 	// bad-checkpoint: a real DCP checkpoint whose pickled .metadata is cut.
 	dcp := filepath.Join(dir, "dcp")
-	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dcp)
+	ckpttest.CopyDir(t, "../../interop/torchdcp/testdata/dense", dcp)
 	md, err := os.ReadFile(filepath.Join(dcp, ".metadata"))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(dcp, ".metadata"), md[:len(md)/2], 0o644))

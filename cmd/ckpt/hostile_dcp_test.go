@@ -17,7 +17,7 @@ import (
 func TestVerifyRefusesAForbiddenGlobalInADCPParamsItem(t *testing.T) {
 	doc := readmeExitCodes(t)
 	dir := filepath.Join(t.TempDir(), "dcp")
-	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dir)
+	ckpttest.CopyDir(t, "../../interop/torchdcp/testdata/dense", dir)
 	ckpttest.PlantForbiddenGlobal(t, dir, "optimizer.param_groups.0.params")
 	for _, args := range [][]string{{"verify", dir}, {"verify", "--deep", dir}, {"inspect", dir}} {
 		code, out, errs := ckpt(t, args...)
@@ -37,7 +37,7 @@ func TestEveryCommandRefusesAForbiddenGlobalInAnyDCPBytesItem(t *testing.T) {
 	doc := readmeExitCodes(t)
 	run := filepath.Join(t.TempDir(), "run")
 	dir := filepath.Join(run, "step-00000001")
-	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", dir)
+	ckpttest.CopyDir(t, "../../interop/torchdcp/testdata/dense", dir)
 	ckpttest.PlantForbiddenGlobal(t, dir, key)
 	dst := filepath.Join(t.TempDir(), "copy")
 	for _, args := range [][]string{{"verify", dir}, {"verify", "--deep", dir}, {"latest", "--deep", run}, {"copy", dir, dst}} {
@@ -54,9 +54,9 @@ func TestEveryCommandRefusesAForbiddenGlobalInAnyDCPBytesItem(t *testing.T) {
 // older one that verifies, naming the skipped one's key and global.
 func TestLatestFallsBackPastAForbiddenGlobal(t *testing.T) {
 	run := filepath.Join(t.TempDir(), "run")
-	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", filepath.Join(run, "step-00000001"))
+	ckpttest.CopyDir(t, "../../interop/torchdcp/testdata/dense", filepath.Join(run, "step-00000001"))
 	bad := filepath.Join(run, "step-00000002")
-	ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", bad)
+	ckpttest.CopyDir(t, "../../interop/torchdcp/testdata/dense", bad)
 	ckpttest.PlantForbiddenGlobal(t, bad, "optimizer.param_groups.0.lr")
 	for _, args := range [][]string{{"latest", run}, {"latest", "--deep", run}} {
 		code, out, errs := ckpt(t, args...)

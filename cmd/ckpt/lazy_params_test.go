@@ -13,15 +13,14 @@ import (
 	"github.com/ckptkit/ckptkit/loader"
 )
 
-// torch2Fixture is a PyTorch 2.6 DCP fixture of the shared fixtures, which
-// sit next to the repository root.
+// torch2Fixture is a PyTorch 2.6 DCP fixture, part of the module
+// (interop/torchdcp/testdata/torch2.6); a missing one fails the test.
 func torch2Fixture(t *testing.T, name string) string {
 	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "..", "..", "shared", "fixtures", "dcp-torch2", name))
+	dir, err := filepath.Abs(filepath.Join("..", "..", "interop", "torchdcp", "testdata", "torch2.6", name))
 	require.NoError(t, err)
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("fixture %s not available: %v", name, err)
-	}
+	_, err = os.Stat(dir)
+	require.NoError(t, err, "the torch 2.6 fixtures are part of the module")
 	return dir
 }
 

@@ -88,7 +88,7 @@ func TestEveryCommandsJSONMatchesTheDocumentedSchema(t *testing.T) {
 		{[]string{"train", run, "--steps", "3", "--resume"}, 0}, // already past: a note, no loss
 		{[]string{"inspect", step6}, 0},
 		{[]string{"inspect", "--hash", run}, 0},
-		{[]string{"inspect", "../../../shared/fixtures/dcp-torch1.13/dense"}, 0},
+		{[]string{"inspect", "../../interop/torchdcp/testdata/dense"}, 0},
 		{[]string{"verify", step6}, 0},
 		{[]string{"verify", "--deep", step6}, 0},
 		{[]string{"latest", run}, 0},

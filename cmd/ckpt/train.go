@@ -29,7 +29,8 @@ type trainFlags struct {
 	noLoadOptim bool
 	force       bool
 	// Async saves and preemption (trainsave.go, preempt.go).
-	async        bool
+	async        bool   // --async given: saves through a saver.Saver
+	asyncMode    string // "", asyncOverlap or asyncBlocking
 	stateSize    string
 	stagingBytes string
 	preemptGrace time.Duration
@@ -51,9 +52,18 @@ type trainResult struct {
 	Checkpoints         []string `json:"checkpoints"`
 	SaveSeconds         float64  `json:"save_seconds"`
 	SaveStallSeconds    float64  `json:"save_stall_seconds"`
-	StagingPeakBytes    int64    `json:"staging_peak_bytes"`
-	StateBytes          int64    `json:"state_bytes"`
-	Preempted           string   `json:"preempted,omitempty"`
+	// StagingWaitSeconds is the part of SaveStallSeconds spent waiting, before
+	// an optimizer update, for an overlapped save to finish staging.
+	StagingWaitSeconds float64 `json:"staging_wait_seconds"`
+	// FinalWaitSeconds is the wait for the last save to commit at the end of
+	// the run (not counted in SaveStallSeconds).
+	FinalWaitSeconds float64 `json:"final_wait_seconds"`
+	// StepTimes: median compute time of the steps that ran while a save was
+	// staging and of the others (the cost of overlap).
+	StepTimes        stepTimes `json:"step_times"`
+	StagingPeakBytes int64     `json:"staging_peak_bytes"`
+	StateBytes       int64     `json:"state_bytes"`
+	Preempted        string    `json:"preempted,omitempty"`
 	// Note says why nothing was trained (a --resume at or past --steps).
 	Note string `json:"note,omitempty"`
 }
@@ -61,7 +71,7 @@ type trainResult struct {
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async] [--state-size SIZE]",
+		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async[=blocking]] [--state-size SIZE]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -73,10 +83,13 @@ any mix of interruption and resume, sync or async.
 
 --state-size adds a ballast parameter (trained on an L2 penalty, so it and
 its AdamW state change at every step) that makes the checkpoint about SIZE.
---async saves in the background: the loop blocks only while the state is
-copied into a staging pool of at most --staging-bytes (a larger state is
-staged in pieces as the writes drain them), and a save waits for the
-previous one to commit.
+--async saves in the background through a staging pool of at most
+--staging-bytes (a larger state is staged in pieces as the writes drain
+them); a save waits for the previous one to commit. --async (=overlap)
+returns once the save is planned: the copy into the pool runs during the
+next step's forward and backward pass, and the loop waits for it only
+before that step's optimizer update. --async=blocking blocks the loop
+while the state is copied.
 
 SIGTERM or SIGINT: the step under way finishes, the in-flight save may
 commit (for at most --preempt-grace), the current step is saved
@@ -114,7 +127,8 @@ Progress (steps done / total, rate, ETA) is shown on a terminal.`,
 	fl.BoolVar(&f.json, "json", false, jsonHelp)
 	fl.BoolVar(&f.noSaveOptim, "no-save-optim", false, "do not save optimizer state (iteration and scheduler are still saved)")
 	fl.BoolVar(&f.noLoadOptim, "no-load-optim", false, "do not load optimizer state on resume (iteration and scheduler are still restored)")
-	fl.BoolVar(&f.async, "async", false, "save in the background, within the --staging-bytes budget")
+	fl.StringVar(&f.asyncMode, "async", "", "save in the background, within the --staging-bytes budget: overlap (a bare --async: staging overlaps the next step's forward and backward) or blocking (the loop waits while the state is staged)")
+	fl.Lookup("async").NoOptDefVal = asyncOverlap
 	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter; "+bytesize.Rule)
 	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once; "+bytesize.Rule)
 	fl.DurationVar(&f.preemptGrace, "preempt-grace", 30*time.Second, "on SIGTERM/SIGINT, how long the in-flight save may take to commit")
@@ -132,6 +146,13 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	stagingBytes, err := bytesize.Parse(f.stagingBytes)
 	if err != nil {
 		return usage(fmt.Errorf("--staging-bytes: %w", err))
+	}
+	switch f.asyncMode {
+	case "":
+	case asyncOverlap, asyncBlocking:
+		f.async = true
+	default:
+		return usage(fmt.Errorf("--async=%s: want overlap (a bare --async) or blocking", f.asyncMode))
 	}
 	if f.resume && f.force {
 		return usage(fmt.Errorf("--resume and --force exclude each other: --resume continues the run, --force replaces its checkpoints"))
@@ -194,6 +215,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res.Checkpoints = ckp.checkpoints
 	res.SaveSeconds = ckp.saveTime.Seconds()
 	res.SaveStallSeconds = ckp.stall.Seconds()
+	res.StagingWaitSeconds = ckp.stagingWait.Seconds()
+	res.FinalWaitSeconds = ckp.finalWait.Seconds()
+	res.StepTimes = ckp.steps.summary()
 	res.StagingPeakBytes = ckp.stagingPeak()
 	// A preempted run still reports (its error, printed by run, says where
 	// the current step was saved).
@@ -238,7 +262,10 @@ func trainLoop(ctx context.Context, f trainFlags, tr *trainer.Trainer, ckp *chec
 		if err := ckp.poll(ctx); err != nil {
 			return err
 		}
-		loss := tr.Step()
+		loss, err := ckp.step(ctx, tr)
+		if err != nil {
+			return fmt.Errorf("training stopped in step %d of %d (%s): %w", tr.Iteration()+1, f.steps, lastSaved(ckp.checkpoints), err)
+		}
 		step := tr.Iteration()
 		res.Loss = loss
 		if f.saveEvery > 0 && step%f.saveEvery == 0 {

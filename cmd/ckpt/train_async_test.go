@@ -41,6 +41,19 @@ func TestTrainAsyncIsBitIdentical(t *testing.T) {
 		require.Equal(t, 0, code, out)
 	}
 
+	// --async is --async=overlap: staging ran during the next steps'
+	// forward and backward passes, waited for before their updates.
+	require.Positive(t, async.StepTimes.OverlappedSteps, "steps overlapped staging")
+	require.Equal(t, 12, async.StepTimes.OverlappedSteps+async.StepTimes.OtherSteps)
+	require.LessOrEqual(t, async.StagingWaitSeconds, async.SaveStallSeconds, "waiting for staging is stall")
+	blocking := trainJSON(t, append(size, "--url", filepath.Join(dir, "blocking"), "--async=blocking", "--staging-bytes", "2MiB")...)
+	require.Equal(t, sync.WeightsSHA256, blocking.WeightsSHA256)
+	require.Zero(t, blocking.StepTimes.OverlappedSteps, "a blocking save is staged when the call returns")
+	require.Zero(t, blocking.StagingWaitSeconds)
+	code, _, errs := ckpt(t, "train", "--url", filepath.Join(dir, "bad"), "--async=later")
+	require.Equal(t, 2, code, errs)
+	require.Contains(t, errs, "--async=later: want overlap (a bare --async) or blocking")
+
 	split := filepath.Join(dir, "split")
 	trainJSON(t, "--url", split, "--state-size", "6MiB", "--steps", "6", "--save-every", "3", "--async")
 	resumed := trainJSON(t, append(size, "--url", split, "--resume", "--async", "--ranks", "2")...)

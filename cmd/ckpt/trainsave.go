@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -11,10 +12,17 @@ import (
 	"github.com/ckptkit/ckptkit/saver"
 )
 
+// The --async modes.
+const (
+	asyncOverlap  = "overlap"
+	asyncBlocking = "blocking"
+)
+
 // checkpointer is how `ckpt train` saves: synchronously, or (--async)
-// through a saver.Saver whose saves overlap the next steps. It keeps the
-// figures of --json: save wall time, time the loop was blocked, staging
-// peak.
+// through a saver.Saver whose saves overlap the next steps (with
+// --async=overlap their staging too). It keeps the figures of --json: save
+// wall time, time the loop was blocked, the waits for staging and for the
+// last save, step times, staging peak.
 type checkpointer struct {
 	run     *backend.Store
 	f       trainFlags
@@ -28,14 +36,17 @@ type checkpointer struct {
 
 	lastCommitted int64 // step of the newest committed checkpoint, -1 before
 	saveTime      time.Duration
-	stall         time.Duration
+	stall         time.Duration // the loop blocked by saves (stagingWait included)
+	stagingWait   time.Duration // waits for staging before an optimizer update
+	finalWait     time.Duration // the wait for the last save at the end
+	steps         stepClock
 	checkpoints   []string
 }
 
 func newCheckpointer(run *backend.Store, f trainFlags, stagingBytes int64, options func(int64) saver.Options, logf func(string, ...any)) (*checkpointer, error) {
 	c := &checkpointer{run: run, f: f, logf: logf, options: options, lastCommitted: -1, checkpoints: []string{}}
 	if f.async {
-		s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: stagingBytes})
+		s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: stagingBytes, Overlap: f.asyncMode == asyncOverlap})
 		if err != nil {
 			return nil, usage(err)
 		}
@@ -46,7 +57,8 @@ func newCheckpointer(run *backend.Store, f trainFlags, stagingBytes int64, optio
 
 // save checkpoints tr's current step: synchronously, or by starting an
 // async save (after the previous one committed) that reads tr's memory
-// only until it returns.
+// until it returns (--async=blocking) or until it is staged (overlap; see
+// step).
 func (c *checkpointer) save(ctx context.Context, tr *trainer.Trainer) error {
 	if c.async == nil {
 		return c.saveSync(ctx, tr)
@@ -71,8 +83,50 @@ func (c *checkpointer) save(ctx context.Context, tr *trainer.Trainer) error {
 		return err
 	}
 	c.inflight, c.inflightStep, c.inflightCancel = h, step, cancel
-	c.logf("step %d loss %.6f lr %g: staged %s (stall %s)", step, tr.Loss(), tr.LR(), r.StepURL(step), h.Stall().Round(time.Millisecond))
+	verb := "staged"
+	if c.f.asyncMode == asyncOverlap {
+		verb = "staging"
+	}
+	c.logf("step %d loss %.6f lr %g: %s %s (stall %s)", step, tr.Loss(), tr.LR(), verb, r.StepURL(step), h.Stall().Round(time.Millisecond))
 	return nil
+}
+
+// staging reports whether the in-flight save still reads tr's memory.
+func (c *checkpointer) staging() bool {
+	if c.inflight == nil {
+		return false
+	}
+	select {
+	case <-c.inflight.Staged():
+		return false
+	default:
+		return true
+	}
+}
+
+// step runs one training step around the in-flight save: forward and
+// backward (which only read the saved state) while it may still be
+// staging, then a wait for staging, then the optimizer update. It records
+// the step's compute time, apart for steps that overlapped staging.
+func (c *checkpointer) step(ctx context.Context, tr *trainer.Trainer) (float32, error) {
+	overlapped := c.staging()
+	t0 := time.Now()
+	tr.Backward()
+	compute := time.Since(t0)
+	if overlapped {
+		t1 := time.Now()
+		err := c.inflight.WaitStaged(ctx)
+		waited := time.Since(t1)
+		c.stagingWait += waited
+		c.stall += waited
+		if err != nil {
+			return 0, err
+		}
+	}
+	t2 := time.Now()
+	loss := tr.Update()
+	c.steps.add(overlapped, compute+time.Since(t2))
+	return loss, nil
 }
 
 // saveSync saves tr's current step and returns once it is committed.
@@ -130,11 +184,12 @@ func (c *checkpointer) committed(step int64, sr *saver.Result) {
 	c.checkpoints = append(c.checkpoints, sr.URL)
 }
 
-// finish waits for the in-flight save at the end of training (waiting is
-// stall: the job cannot end before its checkpoint).
+// finish waits for the in-flight save at the end of training (the job
+// cannot end before its checkpoint), counted as finalWait, not as stall:
+// it would make the stall of any mode at least one save in 1/saves.
 func (c *checkpointer) finish(ctx context.Context) error {
 	t0 := time.Now()
-	defer func() { c.stall += time.Since(t0) }()
+	defer func() { c.finalWait += time.Since(t0) }()
 	return c.collect(ctx)
 }
 
@@ -176,4 +231,51 @@ func (c *checkpointer) stagingPeak() int64 {
 		return 0
 	}
 	return c.async.Stats().PeakBytes
+}
+
+// stepClock collects step compute times, apart for the steps that ran while
+// a save was staging.
+type stepClock struct {
+	overlapped, other []time.Duration
+}
+
+func (s *stepClock) add(overlapped bool, d time.Duration) {
+	if overlapped {
+		s.overlapped = append(s.overlapped, d)
+	} else {
+		s.other = append(s.other, d)
+	}
+}
+
+// stepTimes is the "step_times" object of `ckpt train --json`.
+type stepTimes struct {
+	// OverlappedSteps ran their forward and backward pass while a save was
+	// staging; OverlappedMedianSeconds is the median of their compute time
+	// (forward, backward, update; not the wait for staging).
+	OverlappedSteps         int     `json:"overlapped_steps"`
+	OverlappedMedianSeconds float64 `json:"overlapped_median_seconds"`
+	// OtherSteps and OtherMedianSeconds: the same for the other steps.
+	OtherSteps         int     `json:"other_steps"`
+	OtherMedianSeconds float64 `json:"other_median_seconds"`
+}
+
+func (s *stepClock) summary() stepTimes {
+	return stepTimes{
+		OverlappedSteps: len(s.overlapped), OverlappedMedianSeconds: median(s.overlapped),
+		OtherSteps: len(s.other), OtherMedianSeconds: median(s.other),
+	}
+}
+
+// median returns the median of ds in seconds (0 for none).
+func median(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + m) / 2
+	}
+	return m.Seconds()
 }

@@ -85,7 +85,7 @@ func TestHostileCorpus(t *testing.T) {
 		}, []int{1}},
 		{"truncated DCP .metadata", func(t *testing.T, d string) {
 			require.NoError(t, os.RemoveAll(d))
-			ckpttest.CopyDir(t, "../../../shared/fixtures/dcp-torch1.13/dense", d)
+			ckpttest.CopyDir(t, "../../interop/torchdcp/testdata/dense", d)
 			b, err := os.ReadFile(filepath.Join(d, ".metadata"))
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(d, ".metadata"), b[:len(b)/2], 0o644))

@@ -96,6 +96,7 @@ type Trainer struct {
 	sched     *stepLR
 	iteration int64
 	loss      float32
+	pending   float32 // the batch loss of the step Backward computed
 }
 
 // New returns a freshly initialised trainer. Linear weights and biases are
@@ -257,8 +258,18 @@ func (t *Trainer) EvalLoss() float32 {
 }
 
 // Step runs one training step (forward, backward, AdamW step, scheduler
-// step, iteration++) and returns the batch loss computed before the update.
+// step, iteration++) and returns the batch loss computed before the update:
+// Backward then Update.
 func (t *Trainer) Step() float32 {
+	t.Backward()
+	return t.Update()
+}
+
+// Backward runs the forward and backward pass of the next step: it fills
+// the gradients (and the batch loss) and reads, but never writes, the
+// weights and the optimizer state, so a save may still be reading them
+// (staging overlapped with compute). Update applies the step.
+func (t *Trainer) Backward() {
 	step := t.iteration + 1
 	xs, ys := t.Batch(step)
 	for _, p := range t.params {
@@ -326,13 +337,19 @@ func (t *Trainer) Step() float32 {
 		}
 		b.hasGrad = true
 	}
-	loss /= BatchSize
+	t.pending = loss / BatchSize
+}
+
+// Update applies the step whose gradients Backward computed (AdamW step,
+// scheduler step, iteration++), the only part of a step that writes the
+// saved state, and returns that step's batch loss.
+func (t *Trainer) Update() float32 {
 	t.opt.step(t.params)
 	t.sched.step()
 	t.opt.lr = t.sched.lr()
 	t.iteration++
-	t.loss = loss
-	return loss
+	t.loss = t.pending
+	return t.loss
 }
 
 func expertName(k int) string { return "experts." + string(rune('0'+k)) }

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/keys"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -343,7 +343,7 @@ func readStorageInfo(fqn string, v any) (storageInfo, error) {
 	if !ok {
 		return info, malformed("storage_data %q relative_path is %s", fqn, typeName(pathV))
 	}
-	if err := backend.ValidateKey(path); err != nil {
+	if err := keys.Validate(path); err != nil {
 		return info, fmt.Errorf("%w: storage_data %q: %w", ErrMalformed, fqn, err)
 	}
 	offV, err := attr(o, "offset")

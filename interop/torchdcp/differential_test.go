@@ -207,7 +207,7 @@ func differentialCorpus(t *testing.T) []diffCase {
 	add := func(name string, pkl []byte, persistent, bothRefuse bool) {
 		out = append(out, diffCase{Name: name, Pickle: base64.StdEncoding.EncodeToString(pkl), Persistent: persistent, BothRefuse: bothRefuse})
 	}
-	for _, root := range []string{filepath.Join("..", "..", "..", "shared", "fixtures"), "testdata"} {
+	for _, root := range []string{"testdata"} {
 		err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != ObjectKey {
 				return err

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/metadata"
 )
 
@@ -154,11 +154,11 @@ func integritySize(data []byte) (int64, error) {
 func ApplyIntegrity(c *metadata.Checkpoint, read ItemReader) (bool, error) {
 	key := IntegrityKeyFor(c.SaveID)
 	head, err := read(key, 0, IntegrityHeaderSize)
-	if errors.Is(err, backend.ErrNotFound) && key != IntegrityKey {
+	if errors.Is(err, ckpterr.ErrNotFound) && key != IntegrityKey {
 		key = IntegrityKey
 		head, err = read(key, 0, IntegrityHeaderSize)
 	}
-	if errors.Is(err, backend.ErrNotFound) {
+	if errors.Is(err, ckpterr.ErrNotFound) {
 		// Torch's own checkpoints have none; one whose data objects carry
 		// the committing save's tag was written by ckptkit with one.
 		if tag := SaveTag(c.SaveID); tag != "" && namedForSave(c, tag) {

@@ -38,10 +38,9 @@ func withIntegrity(t *testing.T, dropOne bool, optimizer string) (string, *metad
 // object before it is written (edit gets the checkpoint's metadata too).
 func withIntegrityEdit(t *testing.T, dropOne bool, optimizer string, edit func(*torchdcp.Integrity, *metadata.Checkpoint)) (string, *metadata.Checkpoint) {
 	t.Helper()
-	src := filepath.Join("..", "..", "..", "shared", "fixtures", "dcp-torch2", "dense2")
-	if _, err := os.Stat(src); err != nil {
-		t.Skipf("fixture %s not available: %v", src, err)
-	}
+	src := filepath.Join("testdata", "torch2.6", "dense2")
+	_, err := os.Stat(src)
+	require.NoError(t, err, "the torch 2.6 fixtures are part of the module")
 	dir := t.TempDir()
 	for _, name := range []string{".metadata", "__0_0.distcp"} {
 		b, err := os.ReadFile(filepath.Join(src, name))

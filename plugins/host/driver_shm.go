@@ -82,195 +82,256 @@ func (d *driver) readShm(ctx context.Context, in *instance, seg *shm.Segment, re
 // does not answer within reclaimTimeout has the stream cancelled and
 // keeps those slots until it is restarted.
 func (d *driver) putShm(ctx context.Context, in *instance, seg *shm.Segment, slots []uint32, h, key string, size int64, r io.Reader, opts backend.PutOptions) error {
-	policy := crashRetryable
-	fail := func(err error) error { return d.p.convert(ctx, in, "write", err, policy) }
+	w := &shmPut{d: d, in: in, ctx: ctx, seg: seg, policy: crashRetryable, free: slots}
 	if err := ctx.Err(); err != nil {
 		in.putPool.Put(slots...)
-		return fail(err)
+		return w.fail(err)
 	}
-	sctx, cancel := in.callCtx(context.WithoutCancel(ctx))
-	free := slots
-	outstanding := map[uint32]bool{}
-	final := false // the call's last reply (its status) was received
-	ended := false // that status is the plugin's own: it reads no slot any more
-	commitSent := false
-	replies := make(chan putReply, len(slots)+1)
-	quit := make(chan struct{}) // closed once nobody receives replies any more
-	stream, err := in.rpc.PutShm(sctx)
-	if err != nil {
-		cancel()
-		in.putPool.Put(free...)
-		return fail(err)
+	if err := w.open(); err != nil {
+		return err
 	}
-	go receivePutReplies(stream, sctx, replies, quit)
-	// Send and CloseSend are serialised by sendMu: once ctx ends before
-	// the commit frame, the send side is closed at once, without a commit
-	// frame, even while this goroutine waits in the source's Read, so the
-	// plugin's driver aborts promptly; nothing is sent after that.
-	var sendMu sync.Mutex
-	sendClosed := false
-	send := func(f *pb.PutFrame, commit bool) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if sendClosed {
-			return errPutSendClosed
-		}
-		if commit {
-			commitSent = true
-		}
-		return stream.Send(f)
-	}
-	closeSend := func(commit bool) {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if !sendClosed && commitSent == commit {
-			sendClosed = true
-			_ = stream.CloseSend() // a failed CloseSend means the stream ended
-		}
-	}
-	stopAfter := context.AfterFunc(ctx, func() { closeSend(false) })
+	stopAfter := context.AfterFunc(ctx, func() { w.closeSend(false) })
 	defer func() {
 		stopAfter()
-		in.putPool.Put(free...)
-		if final {
-			if ended {
-				for i := range outstanding {
-					in.putPool.Put(i)
-				}
-			}
-			close(quit)
-			cancel()
-			return
-		}
-		// Abandoned before the plugin's final status.
-		if !commitSent && sctx.Err() == nil {
-			closeSend(false)
-			if in.background(func() { reclaimPutSlots(in, outstanding, replies, quit, cancel) }) {
-				return
-			}
-		}
-		close(quit)
-		cancel() // outstanding slots stay unused until a restart
+		w.finish()
 	}()
-	protocolErr := func(what string) error {
-		cancel()
-		return &CallError{Plugin: d.p.Name, Op: "write", Code: backend.CodeUnknown, Err: errors.New(what)}
-	}
-	// recv receives one reply: nil for an acknowledgement (its slot is
-	// free again), io.EOF when the plugin ended the call successfully, or
-	// the call's error. It returns ctx's error once ctx ends.
-	recv := func() error {
-		var rp putReply
-		select {
-		case <-ctx.Done():
-			if commitSent {
-				cancel() // as before: a cancelled write after its commit frame
-			}
-			return ctx.Err()
-		case rp = <-replies:
-		}
-		if rp.err != nil {
-			final, ended = true, rp.ended
-			return rp.err
-		}
-		if i := rp.m.GetAck().GetSlot(); rp.m.GetAck() != nil && outstanding[i] {
-			delete(outstanding, i)
-			free = append(free, i)
-			return nil
-		}
-		return protocolErr("plugin sent an unexpected write acknowledgement")
-	}
-	// sendErr returns the stream's real status: Send reports io.EOF when
-	// the plugin ended the stream, and the cause comes with its status.
-	sendErr := func(err error) error {
-		if err == io.EOF {
-			for err = recv(); err == nil; err = recv() {
-			}
-			if err == io.EOF {
-				err = errors.New("plugin accepted the write before its commit frame")
-			}
-			var ce *CallError
-			if errors.As(err, &ce) {
-				return err
-			}
-		}
-		return fail(err)
-	}
 	hdr := &pb.PutHeader{Handle: h, Key: key, Size: size, IfNotExists: opts.IfNotExists, Crc32C: opts.CRC32C, ContentType: opts.ContentType}
-	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}, false); err != nil {
-		return sendErr(err)
+	if err := w.send(&pb.PutFrame{Frame: &pb.PutFrame_Header{Header: hdr}}, false); err != nil {
+		return w.sendErr(err)
 	}
 	body := bodyCheck{size: size, crc: crc32c.New()}
-	abort := func(code backend.Code, err error) error {
-		// The deferred abandonment ends the stream without a commit frame.
-		if ctx.Err() != nil {
-			code, err = backend.CodeCanceled, fmt.Errorf("%w (%v)", context.Cause(ctx), err)
-		}
-		return &CallError{Plugin: d.p.Name, Op: "write", Code: code, Err: err}
+	if err := w.sendBody(r, &body); err != nil {
+		return err
 	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return fail(err)
+	return w.commit(&body)
+}
+
+// shmPut is one write over the PutShm stream: its slots, the stream, and
+// what the plugin has said so far. The calling goroutine drives it; only
+// closeSend also runs on ctx's AfterFunc.
+type shmPut struct {
+	d   *driver
+	in  *instance
+	ctx context.Context // the caller's
+	seg *shm.Segment
+
+	policy      crashPolicy     // how a lost plugin is classified, by phase
+	free        []uint32        // slots this write may fill now
+	outstanding map[uint32]bool // slots sent and not yet acknowledged
+	final       bool            // the call's last reply (its status) was received
+	ended       bool            // that status is the plugin's own: it reads no slot any more
+
+	sctx    context.Context // the stream's, detached from ctx's cancellation
+	cancel  context.CancelFunc
+	stream  pb.Storage_PutShmClient
+	replies chan putReply
+	quit    chan struct{} // closed once nobody receives replies any more
+
+	// Send and CloseSend are serialised by sendMu: once ctx ends before
+	// the commit frame, the send side is closed at once, without a commit
+	// frame, even while the write waits in the source's Read, so the
+	// plugin's driver aborts promptly; nothing is sent after that.
+	sendMu     sync.Mutex
+	sendClosed bool
+	commitSent bool
+}
+
+// fail classifies err as Put does, by the write's phase.
+func (w *shmPut) fail(err error) error { return w.d.p.convert(w.ctx, w.in, "write", err, w.policy) }
+
+// open starts the stream and the goroutine receiving its replies; on
+// failure the slots go back to the pool.
+func (w *shmPut) open() error {
+	w.sctx, w.cancel = w.in.callCtx(context.WithoutCancel(w.ctx))
+	w.outstanding = map[uint32]bool{}
+	w.replies = make(chan putReply, len(w.free)+1)
+	w.quit = make(chan struct{})
+	stream, err := w.in.rpc.PutShm(w.sctx)
+	if err != nil {
+		w.cancel()
+		w.in.putPool.Put(w.free...)
+		return w.fail(err)
+	}
+	w.stream = stream
+	go receivePutReplies(stream, w.sctx, w.replies, w.quit)
+	return nil
+}
+
+// finish returns the write's slots: the free ones now, the unacknowledged
+// ones once the plugin's own final status says it reads them no more (in
+// the background when the write was abandoned before it).
+func (w *shmPut) finish() {
+	w.in.putPool.Put(w.free...)
+	if w.final {
+		if w.ended {
+			for i := range w.outstanding {
+				w.in.putPool.Put(i)
+			}
 		}
-		if len(free) == 0 {
-			if err := recv(); err != nil {
+		close(w.quit)
+		w.cancel()
+		return
+	}
+	// Abandoned before the plugin's final status.
+	if !w.commitSent && w.sctx.Err() == nil {
+		w.closeSend(false)
+		if w.in.background(func() { reclaimPutSlots(w.in, w.outstanding, w.replies, w.quit, w.cancel) }) {
+			return
+		}
+	}
+	close(w.quit)
+	w.cancel() // outstanding slots stay unused until a restart
+}
+
+func (w *shmPut) send(f *pb.PutFrame, commit bool) error {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
+	if w.sendClosed {
+		return errPutSendClosed
+	}
+	if commit {
+		w.commitSent = true
+	}
+	return w.stream.Send(f)
+}
+
+// closeSend ends the send side, once, if the commit frame was (commit) or
+// was not sent.
+func (w *shmPut) closeSend(commit bool) {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
+	if !w.sendClosed && w.commitSent == commit {
+		w.sendClosed = true
+		_ = w.stream.CloseSend() // a failed CloseSend means the stream ended
+	}
+}
+
+func (w *shmPut) protocolErr(what string) error {
+	w.cancel()
+	return &CallError{Plugin: w.d.p.Name, Op: "write", Code: backend.CodeUnknown, Err: errors.New(what)}
+}
+
+// recv receives one reply: nil for an acknowledgement (its slot is free
+// again), io.EOF when the plugin ended the call successfully, or the
+// call's error. It returns ctx's error once ctx ends.
+func (w *shmPut) recv() error {
+	var rp putReply
+	select {
+	case <-w.ctx.Done():
+		if w.commitSent {
+			w.cancel() // as before: a cancelled write after its commit frame
+		}
+		return w.ctx.Err()
+	case rp = <-w.replies:
+	}
+	if rp.err != nil {
+		w.final, w.ended = true, rp.ended
+		return rp.err
+	}
+	if i := rp.m.GetAck().GetSlot(); rp.m.GetAck() != nil && w.outstanding[i] {
+		delete(w.outstanding, i)
+		w.free = append(w.free, i)
+		return nil
+	}
+	return w.protocolErr("plugin sent an unexpected write acknowledgement")
+}
+
+// status returns a failed recv's error as the call's outcome: the plugin's
+// own (a *CallError) as it is, anything else classified.
+func (w *shmPut) status(err error) error {
+	var ce *CallError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return w.fail(err)
+}
+
+// sendErr returns the stream's real status: Send reports io.EOF when the
+// plugin ended the stream, and the cause comes with its status.
+func (w *shmPut) sendErr(err error) error {
+	if err == io.EOF {
+		for err = w.recv(); err == nil; err = w.recv() {
+		}
+		if err == io.EOF {
+			err = errors.New("plugin accepted the write before its commit frame")
+		}
+		return w.status(err)
+	}
+	return w.fail(err)
+}
+
+// abort fails the write before its commit frame; the deferred finish ends
+// the stream without one.
+func (w *shmPut) abort(code backend.Code, err error) error {
+	if w.ctx.Err() != nil {
+		code, err = backend.CodeCanceled, fmt.Errorf("%w (%v)", context.Cause(w.ctx), err)
+	}
+	return &CallError{Plugin: w.d.p.Name, Op: "write", Code: code, Err: err}
+}
+
+// sendBody reads r into free slots and sends each as a data frame, waiting
+// for acknowledgements when no slot is free, until r ends.
+func (w *shmPut) sendBody(r io.Reader, body *bodyCheck) error {
+	for {
+		if err := w.ctx.Err(); err != nil {
+			return w.fail(err)
+		}
+		if len(w.free) == 0 {
+			if err := w.recv(); err != nil {
 				if err == io.EOF {
 					err = errors.New("plugin accepted the write before its commit frame")
 				}
-				var ce *CallError
-				if errors.As(err, &ce) {
-					return err
-				}
-				return fail(err)
+				return w.status(err)
 			}
 			continue
 		}
-		i := free[len(free)-1]
-		buf, err := seg.PutSlot(i)
+		i := w.free[len(w.free)-1]
+		buf, err := w.seg.PutSlot(i)
 		if err != nil {
-			return abort(backend.CodeUnknown, err)
+			return w.abort(backend.CodeUnknown, err)
 		}
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
-			policy = crashNotCommitted
+			w.policy = crashNotCommitted
 			if err := body.add(buf[:n]); err != nil {
-				return abort(backend.CodeSizeMismatch, err)
+				return w.abort(backend.CodeSizeMismatch, err)
 			}
-			free = free[:len(free)-1]
-			outstanding[i] = true
-			if err := send(&pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: &pb.ShmRef{Slot: i, Length: uint32(n)}}}, false); err != nil {
-				return sendErr(err)
+			w.free = w.free[:len(w.free)-1]
+			w.outstanding[i] = true
+			if err := w.send(&pb.PutFrame{Frame: &pb.PutFrame_ShmData{ShmData: &pb.ShmRef{Slot: i, Length: uint32(n)}}}, false); err != nil {
+				return w.sendErr(err)
 			}
 		}
 		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-			break
+			return nil
 		}
 		if rerr != nil {
-			return abort(backend.CodeOf(rerr), fmt.Errorf("source: %w", rerr))
+			return w.abort(backend.CodeOf(rerr), fmt.Errorf("source: %w", rerr))
 		}
 	}
+}
+
+// commit checks the body against the declared size, sends the commit
+// frame and waits for the plugin's final status.
+func (w *shmPut) commit(body *bodyCheck) error {
 	if err := body.complete(); err != nil {
-		return abort(backend.CodeSizeMismatch, err)
+		return w.abort(backend.CodeSizeMismatch, err)
 	}
-	if err := ctx.Err(); err != nil {
-		return abort(backend.CodeCanceled, err)
+	if err := w.ctx.Err(); err != nil {
+		return w.abort(backend.CodeCanceled, err)
 	}
-	policy = crashAmbiguous
-	if err := send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: body.commit()}}, true); err != nil {
-		return sendErr(err)
+	w.policy = crashAmbiguous
+	if err := w.send(&pb.PutFrame{Frame: &pb.PutFrame_Commit{Commit: body.commit()}}, true); err != nil {
+		return w.sendErr(err)
 	}
 	// A failed CloseSend means the stream ended; recv reports why.
-	closeSend(true)
+	w.closeSend(true)
 	for {
-		switch err := recv(); {
+		switch err := w.recv(); {
 		case err == io.EOF:
 			return nil
 		case err != nil:
-			var ce *CallError
-			if errors.As(err, &ce) {
-				return err
-			}
-			return fail(err)
+			return w.status(err)
 		}
 	}
 }

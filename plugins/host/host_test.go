@@ -484,7 +484,9 @@ func testPluginKilledMidWriteIsNotReplayed(t *testing.T, streaming bool) {
 	go func() { done <- st.Put(ctx, "obj", int64(src.Size()), src, backend.PutOptions{}) }()
 	<-src.reached
 	require.NoError(t, syscall.Kill(ps[0].PID(), syscall.SIGKILL))
-	time.Sleep(200 * time.Millisecond)
+	// The rest of the source is released only once the host has seen the
+	// plugin exit (PID 0 until a later call restarts it).
+	require.Eventually(t, func() bool { return ps[0].PID() == 0 }, 10*time.Second, time.Millisecond, "the host never saw the plugin exit")
 	close(src.release)
 	var err error
 	select {

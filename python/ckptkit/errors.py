@@ -126,6 +126,8 @@ class CanceledError(CheckpointError):
     default_cls = CANCELED
 
 
+# The rule names are the Go core's (loader.Rules, listed in
+# loader/testdata/rules.txt; python/tests/test_errors.py keeps them equal).
 _BY_RULE = {
     "partial-optimizer-state": PartialStateError,
     "layout-mismatch": LayoutMismatchError,
@@ -134,6 +136,7 @@ _BY_RULE = {
     "uncommitted": IncompleteError,
     "missing-keys": MissingKeysError,
     "mismatch": MismatchError,
+    "missing-object": BadCheckpointError,
 }
 
 _BY_CLASS = {

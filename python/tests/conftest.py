@@ -53,9 +53,10 @@ def file_url(tmp_path):
 
 
 def fixtures_dir():
-    """The shared DCP fixtures (../shared/fixtures from the repo root)."""
-    d = os.environ.get("CKPTKIT_FIXTURES")
-    if d and os.path.isdir(d):
-        return d
+    """The DCP fixtures written by torch itself, part of the repository
+    (interop/torchdcp/testdata: torch 1.13 cases at the top, torch2.6/ and
+    torch2.14/ below). Missing is a failure, never a skip."""
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(here, "..", "..", "..", "shared", "fixtures")
+    d = os.path.join(here, "..", "..", "interop", "torchdcp", "testdata")
+    assert os.path.isdir(os.path.join(d, "torch2.6")), f"the DCP fixtures are part of the repository: {d}"
+    return d

@@ -15,7 +15,7 @@ class Expert(nn.Module):
 
 
 class TinyMoE(nn.Module):
-    """The layout of fixture dcp-torch2/lazy_moe2: embed, router, two experts,
+    """The layout of fixture torch2.6/lazy_moe2: embed, router, two experts,
     head. ``route`` None routes by the router (top-1); an int sends every
     token to that expert, so the other one never gets a gradient."""
 

@@ -230,9 +230,9 @@ def _sha(t):
 
 
 def test_resumes_a_checkpoint_torch_wrote_with_lazy_state():
-    """Fixture dcp-torch2/lazy_moe2, written by torch 2.6's FileSystemWriter
+    """Fixture torch2.6/lazy_moe2, written by torch 2.6's FileSystemWriter
     from get_state_dict: experts.1 has no AdamW state."""
-    path = os.path.join(fixtures_dir(), "dcp-torch2", "lazy_moe2")
+    path = os.path.join(fixtures_dir(), "torch2.6", "lazy_moe2")
     if not os.path.isdir(path):
         pytest.skip(f"fixture {path} not available")
     with open(os.path.join(path, "expected.json")) as f:

@@ -8,7 +8,7 @@ one slot of one parameter missing. README.md there says what each holds.
 
 It needs a torch with torch.optim.Adafactor and torch.optim.Muon (forky's
 2.14.1). The layout is the one of the torch 2.6 fixtures
-(../shared/fixtures/dcp-torch2) without a scheduler (each item costs about
+(interop/torchdcp/testdata/torch2.6) without a scheduler (each item costs about
 1.5 KB here): dcp.save({"model": ..., "optimizer": ..., "step": N}) with the model and optimizer state from
 torch.distributed.checkpoint.state_dict.get_state_dict (optimizer state
 keyed by parameter FQN: optimizer.state.<fqn>.<slot>,
