@@ -194,7 +194,7 @@ func (r *Run) choose(ctx context.Context, opts ResumeOptions) (*Resumed, *Found,
 		return res, found, nil
 	}
 	res.Fresh = true
-	if res.Empty, err = isEmpty(ctx, r); err != nil {
+	if res.Empty, err = catalog.IsEmpty(ctx, r.st); err != nil {
 		return nil, nil, err
 	}
 	if res.Empty && !opts.AllowFresh {
@@ -203,8 +203,7 @@ func (r *Run) choose(ctx context.Context, opts ResumeOptions) (*Resumed, *Found,
 	return res, nil, nil
 }
 
-func isEmpty(ctx context.Context, r *Run) (bool, error) { return catalog.IsEmpty(ctx, r.st) }
-
+// loaded completes res with the load l.
 func (res *Resumed) loaded(l *Loaded) *Resumed {
 	res.Checkpoint, res.Entry, res.Report = l.Checkpoint, l.Entry, l.Report
 	res.Skipped = append(res.Skipped, l.Skipped...)

@@ -151,7 +151,7 @@ func StepOf(url string) (name string, step int64, ok bool) {
 	return name, step, ok
 }
 
-// openStep opens the checkpoint of entry e under the run.
+// openStep opens the run's checkpoint name.
 func (r *Run) openStep(ctx context.Context, name string) (*loader.Checkpoint, error) {
 	st, err := r.st.Sub(name)
 	if err != nil {
