@@ -9,17 +9,15 @@ import "C"
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"path"
 	"runtime/cgo"
-	"strings"
 	"unsafe"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
+	ckrun "github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
@@ -76,10 +74,10 @@ func handleValue[T any](h C.uintptr_t, what string) (T, error) {
 	return v, nil
 }
 
-// openCheckpoint opens url as a checkpoint, or, when url is a run (it
-// holds step-NNNNNNNN prefixes and no metadata of its own), the newest
-// committed checkpoint of the run that verifies. Each candidate's metadata
-// is read once, and the chosen checkpoint keeps it for the load.
+// openCheckpoint opens url as a checkpoint, or, when url is a run, the
+// newest committed checkpoint of the run that verifies (run.Choose, the one
+// rule the CLI follows too). Each candidate's metadata is read once, and
+// the chosen checkpoint keeps it for the load.
 func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	sh, err := openStore(ctx, url)
 	if err != nil {
@@ -91,74 +89,35 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 			_ = closeStore(sh)
 		}
 	}()
-	ck, err := loader.Open(ctx, sh.st)
-	if err == nil {
-		ok = true
-		return newCkptHandle(sh, ck, "", nil), nil
-	}
-	if !errors.Is(err, loader.ErrNoCheckpoint) {
+	// Committed checkpoints of which none verifies are a *run.RefusedError:
+	// the newest one's problem decides class and rule, never a fresh start.
+	ch, err := ckrun.Choose(ctx, sh.st, ckrun.LatestOptions{})
+	if err != nil {
 		return nil, err
 	}
-	found, skips, err := catalog.Latest(ctx, sh.st, false)
-	var out []skipped
-	committed := 0
-	for _, sk := range skips {
-		out = append(out, skipped{URL: sk.Entry.URL, Reason: sk.Reason})
-		if sk.Entry.Committed {
-			committed++
-		}
+	out := skippedOf(ch.Skipped, 0)
+	ok = true
+	if ch.Checkpoint == nil {
+		// A fresh run (or only uncommitted prefixes): nothing to resume.
+		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Empty: ch.Empty, Skipped: out}}, nil
 	}
-	switch {
-	case err == nil:
-		h := newCkptHandle(sh, found.Checkpoint, found.Name, out)
-		h.info.Step = found.Step
+	h := newCkptHandle(sh, ch.Checkpoint, ch.Entry.Name, out)
+	if ch.Run != nil {
+		h.info.Step = ch.Entry.Step
 		h.run = sh.st
-		ok = true
-		return h, nil
-	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
-		return nil, err
-	case committed == 0:
-		// A fresh run (or only uncommitted prefixes): nothing to resume;
-		// but a URL naming a checkpoint (step-NNNNNNNN) under which
-		// nothing is stored is a typo, never a fresh start.
-		empty, err := catalog.IsEmpty(ctx, sh.st)
-		if err != nil {
-			return nil, err
-		}
-		where, _, _ := strings.Cut(sh.st.String(), "?")
-		if _, named := catalog.ParseStep(path.Base(where)); empty && named {
-			return nil, fmt.Errorf("open checkpoint %s: %w: nothing is stored there (check the URL)", sh.st, backend.ErrNotFound)
-		}
-		ok = true
-		return &ckptHandle{storeHandle: *sh, info: ckptInfo{URL: sh.st.String(), None: true, Empty: empty, Skipped: nonNil(out)}}, nil
 	}
-	// Committed checkpoints exist but none verifies: fail with the newest
-	// one's problem first in the chain (it decides class and rule), never
-	// start over silently.
-	return nil, fmt.Errorf("%s: %w (%w: %d committed, none valid)", sh.st, newestProblem(ctx, sh.st, skips), catalog.ErrNoCommittedCheckpoint, committed)
+	return h, nil
 }
 
-// newestProblem reopens the newest committed checkpoint that failed verify
-// and returns its first problem as an error of the rule's sentinel (this
-// failure path reads its metadata a second time).
-func newestProblem(ctx context.Context, run *backend.Store, skips []catalog.Skipped) error {
-	for _, sk := range skips {
-		if !sk.Entry.Committed {
-			continue
-		}
-		st, err := run.Sub(sk.Entry.Name)
-		if err != nil {
-			return err
-		}
-		rep, err := loader.Verify(ctx, st, loader.VerifyOptions{})
-		if err != nil {
-			return err
-		}
-		if len(rep.Problems) > 0 {
-			return fmt.Errorf("%w: %s", loader.RuleError(rep.Problems[0].Rule), rep.Problems[0].Message)
+// skippedOf lists ss for the caller (only those of reason why, 0: all).
+func skippedOf(ss []ckrun.Skipped, why ckrun.Why) []skipped {
+	out := []skipped{}
+	for _, s := range ss {
+		if why == 0 || s.Why == why {
+			out = append(out, skipped{URL: s.Entry.URL, Reason: s.Reason})
 		}
 	}
-	return loader.ErrIncomplete
+	return out
 }
 
 func nonNil(s []skipped) []skipped {
@@ -259,7 +218,7 @@ type loadSpec struct {
 	Quiet       bool       `json:"quiet"`
 	// FallbackRun, when set, is the URL of the run the checkpoint belongs
 	// to: a load that finds the checkpoint's data damaged falls back to
-	// the next older valid checkpoint of the run (catalog.LoadWithFallback,
+	// the next older valid checkpoint of the run (run.Run.Load,
 	// the rule of `ckpt train --resume`), loading one pass into the same
 	// buffers, which each attempt overwrites. Without it the load is
 	// transactional: a failure leaves the buffers as they were.
@@ -332,17 +291,14 @@ func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbu
 	if found == nil {
 		rep, err = load(ch.ck)
 	} else {
-		var c *loader.Checkpoint
-		c, rep, err = catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
-			rep, err := load(c)
-			if err != nil && catalog.DataDamaged(err) {
-				fallbacks = append(fallbacks, skipped{URL: c.URL(), Reason: err.Error()})
+		var l *ckrun.Loaded
+		l, err = ckrun.New(run).Load(ctx, found, func(_ context.Context, c *loader.Checkpoint) (*loader.Report, error) { return load(c) }, nil)
+		if err == nil {
+			rep, fallbacks = l.Report, skippedOf(l.Skipped, ckrun.Damaged)
+			if l.Checkpoint != ch.ck {
+				ch.switchTo(run, l, fallbacks)
+				info = &ch.info
 			}
-			return rep, err
-		}, func(string, ...any) {})
-		if err == nil && c != ch.ck {
-			ch.switchTo(run, c, fallbacks)
-			info = &ch.info
 		}
 		if run != ch.run {
 			_ = run.Close() // opened for a fallback that was not needed
@@ -384,19 +340,14 @@ func (ls *loadSpec) targets(ptrs []unsafe.Pointer) ([]*statedict.StateDict, erro
 	return targets, nil
 }
 
-// fallbackFrom returns the run and the catalog entry of the open checkpoint
-// for a load that may fall back to older checkpoints of runURL, or nil, nil
-// when runURL is empty or the checkpoint is not a step of a run.
-func (ch *ckptHandle) fallbackFrom(ctx context.Context, runURL string) (*backend.Store, *catalog.Found, error) {
+// fallbackFrom returns the run and the entry of the open checkpoint for a
+// load that may fall back to older checkpoints of runURL, or nil, nil when
+// runURL is empty or the checkpoint is not a step of a run.
+func (ch *ckptHandle) fallbackFrom(ctx context.Context, runURL string) (*backend.Store, *ckrun.Found, error) {
 	if runURL == "" {
 		return nil, nil, nil
 	}
-	name := ch.info.Name
-	if name == "" {
-		base, _, _ := strings.Cut(ch.ck.URL(), "?")
-		name = path.Base(strings.TrimSuffix(base, "/"))
-	}
-	step, ok := catalog.ParseStep(name)
+	name, step, ok := ckrun.StepOf(ch.ck.URL())
 	if !ok {
 		return nil, nil, nil
 	}
@@ -408,22 +359,19 @@ func (ch *ckptHandle) fallbackFrom(ctx context.Context, runURL string) (*backend
 		}
 		run = sh.st
 	}
-	return run, &catalog.Found{Entry: catalog.Entry{Name: name, Step: step, URL: ch.ck.URL(), Committed: true}, Checkpoint: ch.ck}, nil
+	return run, &ckrun.Found{Entry: catalog.Entry{Name: name, Step: step, URL: ch.ck.URL(), Committed: true}, Checkpoint: ch.ck}, nil
 }
 
-// switchTo makes the handle the checkpoint c of run that a fallback loaded
+// switchTo makes the handle the checkpoint of run that a fallback loaded
 // (the damaged ones listed in fallbacks), releasing the store of the one
 // it held when run is not its run.
-func (ch *ckptHandle) switchTo(run *backend.Store, c *loader.Checkpoint, fallbacks []skipped) {
+func (ch *ckptHandle) switchTo(run *backend.Store, l *ckrun.Loaded, fallbacks []skipped) {
 	if ch.run != run {
 		_ = closeStore(&ch.storeHandle)
 	}
-	base, _, _ := strings.Cut(c.URL(), "?")
-	name := path.Base(strings.TrimSuffix(base, "/"))
-	step, _ := catalog.ParseStep(name)
 	skips := append(ch.info.Skipped, fallbacks...)
-	*ch = *newCkptHandle(&storeHandle{st: run}, c, name, skips)
-	ch.info.Step = step
+	*ch = *newCkptHandle(&storeHandle{st: run}, l.Checkpoint, l.Entry.Name, skips)
+	ch.info.Step = l.Entry.Step
 	ch.run = run
 }
 

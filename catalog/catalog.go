@@ -227,6 +227,10 @@ func steps(ctx context.Context, run *backend.Store) ([]Entry, error) {
 type Skipped struct {
 	Entry  Entry
 	Reason string
+	// Err is the problem as an error of its class and rule (the open
+	// error, or the first verify problem wrapped around its rule's
+	// sentinel, loader.RuleError); nil for an uncommitted prefix.
+	Err error
 }
 
 // Found is the checkpoint Latest chose, opened: its metadata object was
@@ -305,7 +309,7 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, opts Lates
 			// (malformed, a forbidden pickle global, ...): it does not
 			// verify, so an older checkpoint is tried.
 			e.Committed = true
-			skipped = append(skipped, Skipped{Entry: e, Reason: err.Error()})
+			skipped = append(skipped, Skipped{Entry: e, Reason: err.Error(), Err: err})
 			continue
 		case err != nil:
 			return nil, skipped, err
@@ -321,7 +325,9 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, opts Lates
 			return nil, skipped, err
 		}
 		if !rep.Resumable {
-			skipped = append(skipped, Skipped{Entry: e, Reason: fmt.Sprintf("%s: %s", rep.Problems[0].Rule, rep.Problems[0].Message)})
+			p := rep.Problems[0]
+			skipped = append(skipped, Skipped{Entry: e, Reason: fmt.Sprintf("%s: %s", p.Rule, p.Message),
+				Err: fmt.Errorf("%s: %w: %s", e.URL, loader.RuleError(p.Rule), p.Message)})
 			continue
 		}
 		return &Found{Entry: e, Checkpoint: c, Report: rep}, skipped, nil

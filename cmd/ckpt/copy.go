@@ -11,6 +11,7 @@ import (
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
+	ckrun "github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/transfer"
 )
 
@@ -172,14 +173,16 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 			opts.Progress = p.callback()
 			res, err := transfer.Copy(ctx, src, dst, opts)
 			p.finish()
-			if errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) {
-				// A run: every committed, valid checkpoint under it.
-				if entries, lerr := catalog.List(ctx, src); lerr == nil && len(entries) > 0 {
+			if err != nil {
+				// A run (run.Steps, the rule of run.Choose): every
+				// committed, valid checkpoint under it.
+				entries, lerr := ckrun.Steps(ctx, src, err)
+				if lerr == nil && len(entries) > 0 {
 					return copyRun(cmd, src, dst, entries, opts, asJSON)
 				}
-			}
-			if errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) {
-				return orNoSuchPath(ctx, src, err)
+				if lerr != err { // not a checkpoint, and not a run
+					return orNoSuchPath(ctx, src, err)
+				}
 			}
 			if err != nil {
 				return err

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/ops/gc"
+	ckrun "github.com/ckptkit/ckptkit/run"
 )
 
 // gcOutput is the --json document of ckpt gc.
@@ -159,7 +160,8 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 			}
 			defer run.Close()
 			now := time.Now()
-			plan, err := gc.PlanRun(ctx, run, p, deep, now)
+			r := ckrun.New(run)
+			plan, err := r.PlanRetention(ctx, p, deep, now)
 			if err != nil {
 				return err
 			}
@@ -190,14 +192,8 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 					}
 					in.notef("[%d/%d] deleted %s (%d objects, %s)", pr.Done, pr.Total, safe(pr.Checkpoint), pr.Objects, humanBytes(pr.Bytes))
 				}
-				res, err := gc.Execute(ctx, run, plan.Decisions, opts)
+				res, err := r.Collect(ctx, plan, opts)
 				p.finish()
-				if err == nil && len(plan.Orphans) > 0 {
-					res.OrphansDeleted, res.OrphanBytesFreed, err = gc.DeleteOrphans(ctx, run, plan.Orphans, opts)
-				}
-				if err == nil && len(plan.Uploads) > 0 {
-					res.UploadsAborted, err = gc.AbortUploads(ctx, run, plan.Uploads)
-				}
 				out.Result = gcResultJSON(res)
 				if err != nil {
 					if asJSON {

@@ -15,38 +15,36 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	ckrun "github.com/ckptkit/ckptkit/run"
 )
 
 // openCheckpoint opens the checkpoint at rawURL, or, when rawURL is a run
-// prefix, its newest committed valid checkpoint. resolved is the run URL in
-// the second case.
+// prefix, its newest committed valid checkpoint (run.Choose, the one rule).
+// resolved is the run URL in the second case.
 func openCheckpoint(ctx context.Context, rawURL string) (c *loader.Checkpoint, resolvedFrom string, err error) {
 	st, err := openStore(ctx, rawURL)
 	if err != nil {
 		return nil, "", err
 	}
-	c, err = loader.Open(ctx, st)
-	if err == nil {
-		// inspect never copies the metadata object: only its decoded form
-		// is kept (a huge object would otherwise be held twice).
-		c.ReleaseRawMetadata()
-		return c, "", nil
-	}
-	if !errors.Is(err, loader.ErrIncomplete) && !errors.Is(err, loader.ErrNoCheckpoint) {
+	ch, err := ckrun.Choose(ctx, st, ckrun.LatestOptions{})
+	switch {
+	case errors.Is(err, ckrun.ErrNothingStored):
+		return nil, "", &pathError{url: st.String()}
+	case err != nil:
 		return nil, "", err
+	case ch.Checkpoint == nil:
+		// A run without a committed checkpoint: nothing to inspect.
+		return nil, "", orNoSuchPath(ctx, st, bad(ch.NotACheckpoint))
 	}
-	found, _, lerr := catalog.Latest(ctx, st, false)
-	if lerr != nil {
-		if errors.Is(lerr, catalog.ErrNoCommittedCheckpoint) {
-			return nil, "", orNoSuchPath(ctx, st, bad(err))
-		}
-		return nil, "", lerr
+	// inspect never copies the metadata object: only its decoded form is
+	// kept (a huge object would otherwise be held twice).
+	ch.Checkpoint.ReleaseRawMetadata()
+	if ch.Run != nil {
+		resolvedFrom = st.String()
 	}
-	found.Checkpoint.ReleaseRawMetadata()
-	return found.Checkpoint, st.String(), nil
+	return ch.Checkpoint, resolvedFrom, nil
 }
 
 type inspectChunk struct {

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/ckpterr"
+	ckrun "github.com/ckptkit/ckptkit/run"
 )
 
 // latestOutput is the --json document of ckpt latest.
@@ -56,7 +56,7 @@ no checkpoint under it is committed.`,
 				return err
 			}
 			defer run.Close()
-			opts := catalog.LatestOptions{Deep: deep}
+			opts := ckrun.LatestOptions{Deep: deep}
 			var p *progress
 			if deep {
 				p = newProgress(cmd, "latest")
@@ -65,18 +65,17 @@ no checkpoint under it is committed.`,
 					opts.Progress = func(_ string, done, total int64) { p.update(done, total) }
 				}
 			}
-			found, skipped, err := catalog.LatestWith(ctx, run, opts)
+			found, skipped, err := ckrun.New(run).Latest(ctx, opts)
 			p.finish()
 			out := &latestOutput{URL: run.String(), Deep: deep, Skipped: []latestSkipped{}}
-			committed := false
 			for _, s := range skipped {
 				out.Skipped = append(out.Skipped, latestSkipped{Name: s.Entry.Name, Step: s.Entry.Step, URL: s.Entry.URL, Reason: s.Reason})
-				committed = committed || s.Entry.Committed
 			}
-			if err != nil && !errors.Is(err, catalog.ErrNoCommittedCheckpoint) {
+			var refused *ckrun.RefusedError
+			if err != nil && !errors.As(err, &refused) {
 				return err
 			}
-			if err != nil && len(skipped) == 0 {
+			if found == nil && len(skipped) == 0 {
 				if perr := requirePath(ctx, run); perr != nil {
 					return perr
 				}
@@ -96,11 +95,10 @@ no checkpoint under it is committed.`,
 				}
 			}
 			if err != nil {
-				if committed {
-					// Committed checkpoints exist, and none is valid.
-					return ckpterr.WithClass(fmt.Errorf("%w (every committed checkpoint failed verification)", err), ckpterr.BadCheckpoint)
-				}
-				return err
+				return err // committed checkpoints exist, and none is valid
+			}
+			if found == nil {
+				return fmt.Errorf("%s: %w", run, catalog.ErrNoCommittedCheckpoint)
 			}
 			return nil
 		},

@@ -8,10 +8,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
+	ckrun "github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -157,13 +157,13 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.resume && f.force {
 		return usage(fmt.Errorf("--resume and --force exclude each other: --resume continues the run, --force replaces its checkpoints"))
 	}
-	run, err := openStore(ctx, f.url)
+	store, err := openStore(ctx, f.url)
 	if err != nil {
 		return err
 	}
-	defer run.Close()
+	defer store.Close()
 	if !f.resume && !f.force {
-		if err := refuseFreshTrainInto(ctx, run); err != nil {
+		if err := refuseFreshTrainInto(ctx, store); err != nil {
 			return err
 		}
 	}
@@ -173,42 +173,22 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 	}
 	tr := trainer.NewSized(f.seed, stateSize)
-	res := &trainResult{URL: run.String(), Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
+	res := &trainResult{URL: store.String(), Ranks: f.ranks, Checkpoints: []string{}, OptimizerLoaded: true}
 
 	if f.resume {
-		// Latest opens the newest valid checkpoint and reads its metadata
-		// once; the load below reads through that same opened checkpoint.
-		found, skipped, err := catalog.Latest(ctx, run, false)
-		for _, s := range skipped {
-			logf("skipping %s: %s", safe(s.Entry.URL), safe(s.Reason))
-		}
-		switch {
-		case errors.Is(err, catalog.ErrNoCommittedCheckpoint):
-			for _, s := range skipped {
-				if s.Entry.Committed {
-					// Committed checkpoints exist but none is valid: starting
-					// over would silently throw the run away.
-					return bad(fmt.Errorf("resume: every committed checkpoint under %s failed verification (newest: %s: %s); fix or remove them, or train without --resume", run, s.Entry.URL, s.Reason))
-				}
-			}
-			if !f.allowFresh {
-				if perr := requirePath(ctx, run); perr != nil {
-					return fmt.Errorf("resume: %w; pass --allow-fresh to start a new run there", perr)
-				}
-			}
-			logf("fresh start: no committed checkpoint under %s; starting from step 0", run)
-		case err != nil:
+		withOptim := !f.noLoadOptim
+		var targets []*statedict.StateDict
+		resumed, err := resumeRun(ctx, store, f, logf, ckrun.Into(func() []*statedict.StateDict {
+			targets = tr.LoadTargets(f.ranks, withOptim)
+			return targets
+		}, loader.Options{NoLoadOptimizer: f.noLoadOptim}))
+		if err != nil {
 			return err
-		default:
-			withOptim := !f.noLoadOptim
-			var targets []*statedict.StateDict
-			c, rep, err := catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
-				targets = tr.LoadTargets(f.ranks, withOptim)
-				return c.Load(ctx, targets, loader.Options{NoLoadOptimizer: f.noLoadOptim})
-			}, logf)
-			if err != nil {
-				return bad(fmt.Errorf("resume: %w", err))
-			}
+		}
+		if resumed.Fresh {
+			logf("fresh start: no committed checkpoint under %s; starting from step 0", store)
+		} else {
+			c, rep := resumed.Checkpoint, resumed.Report
 			if err := tr.Restore(targets, rep.Iteration, rep.LazyParams, rep.OptimizerLoaded); err != nil {
 				return bad(fmt.Errorf("resume from %s: %w", c.URL(), err))
 			}
@@ -223,7 +203,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 	}
 
-	ckp, err := newCheckpointer(run, f, stagingBytes, func(step int64) saver.Options {
+	ckp, err := newCheckpointer(store, f, stagingBytes, func(step int64) saver.Options {
 		return saver.Options{Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true, Params: tr.Trainable()}
 	}, logf)
 	if err != nil {

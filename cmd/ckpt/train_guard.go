@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/trainer"
+	ckrun "github.com/ckptkit/ckptkit/run"
 )
 
 // trainURL resolves the run URL of `ckpt train`: the positional argument,
@@ -60,4 +62,21 @@ func resumedPastTarget(cmd *cobra.Command, f trainFlags, res *trainResult, tr *t
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "%s (resumed from %s)\n", res.Note, safe(res.ResumedURL))
 	return nil
+}
+
+// resumeRun resumes the run at store for `ckpt train --resume` (run.Resume:
+// the newest valid checkpoint, falling back past damaged data, refusing when
+// committed checkpoints exist but none is valid), saying what it skipped
+// through logf. Nothing stored is a "no such path" unless --allow-fresh.
+func resumeRun(ctx context.Context, store *backend.Store, f trainFlags, logf func(string, ...any), load ckrun.LoadFunc) (*ckrun.Resumed, error) {
+	res, err := ckrun.New(store).Resume(ctx, ckrun.ResumeOptions{Load: load, AllowFresh: f.allowFresh, Logf: func(format string, a ...any) {
+		logf("%s", safe(fmt.Sprintf(format, a...)))
+	}})
+	switch {
+	case errors.Is(err, ckrun.ErrNothingStored):
+		return nil, fmt.Errorf("resume: %w; pass --allow-fresh to start a new run there", &pathError{url: store.String()})
+	case err != nil:
+		return nil, bad(fmt.Errorf("resume: %w", err))
+	}
+	return res, nil
 }

@@ -227,3 +227,26 @@ func TestResumeOfNothingNeedsAllowFresh(t *testing.T) {
 	require.Contains(t, errs, "fresh start")
 	require.FileExists(t, filepath.Join(run, "step-00000003", "ckptkit.metadata.json"))
 }
+
+// --resume of a run whose committed checkpoints all fail to open is
+// refused (exit 1, run.RefusedError, naming the newest), never a fresh
+// start; latest and inspect refuse it alike.
+func TestResumeRefusesARunWithNoValidCheckpoint(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	trainJSON(t, "--url", run, "--steps", "6", "--save-every", "3")
+	for _, s := range []string{"step-00000003", "step-00000006"} {
+		require.NoError(t, os.WriteFile(filepath.Join(run, s, metadata.ObjectKey), []byte("{not json"), 0o644))
+	}
+	for _, args := range [][]string{
+		{"train", "--url", run, "--steps", "9", "--save-every", "3", "--resume", "--allow-fresh"},
+		{"latest", run},
+		{"inspect", run},
+	} {
+		code, out, errs := ckpt(t, args...)
+		require.Equal(t, 1, code, "%v: %s%s", args, out, errs)
+		require.Contains(t, errs, "every committed checkpoint failed verification", args)
+		require.Contains(t, errs, "step-00000006", args)
+	}
+	_, err := os.Stat(filepath.Join(run, "step-00000009"))
+	require.True(t, os.IsNotExist(err), "nothing was trained")
+}

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/trainer"
+	ckrun "github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"
 )
 
@@ -64,10 +64,6 @@ func (c *checkpointer) save(ctx context.Context, tr *trainer.Trainer) error {
 		return c.saveSync(ctx, tr)
 	}
 	step := tr.Iteration()
-	st, err := c.run.Sub(catalog.StepName(step))
-	if err != nil {
-		return err
-	}
 	sds := tr.StateViews(c.f.ranks, !c.f.noSaveOptim)
 	t0 := time.Now()
 	if c.inflight != nil {
@@ -79,7 +75,8 @@ func (c *checkpointer) save(ctx context.Context, tr *trainer.Trainer) error {
 		}
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	h, err := c.async.SaveLocalAsync(sctx, st, sds, c.options(step))
+	r := ckrun.New(c.run)
+	h, err := r.SaveLocalAsync(sctx, c.async, step, sds, c.options(step))
 	c.stall += time.Since(t0)
 	if err != nil {
 		cancel()
@@ -90,7 +87,7 @@ func (c *checkpointer) save(ctx context.Context, tr *trainer.Trainer) error {
 	if c.f.asyncMode == asyncOverlap {
 		verb = "staging"
 	}
-	c.logf("step %d loss %.6f lr %g: %s %s (stall %s)", step, tr.Loss(), tr.LR(), verb, st, h.Stall().Round(time.Millisecond))
+	c.logf("step %d loss %.6f lr %g: %s %s (stall %s)", step, tr.Loss(), tr.LR(), verb, r.StepURL(step), h.Stall().Round(time.Millisecond))
 	return nil
 }
 
@@ -135,12 +132,8 @@ func (c *checkpointer) step(ctx context.Context, tr *trainer.Trainer) (float32, 
 // saveSync saves tr's current step and returns once it is committed.
 func (c *checkpointer) saveSync(ctx context.Context, tr *trainer.Trainer) error {
 	step := tr.Iteration()
-	st, err := c.run.Sub(catalog.StepName(step))
-	if err != nil {
-		return err
-	}
 	t0 := time.Now()
-	sr, err := saver.SaveLocal(ctx, st, tr.StateViews(c.f.ranks, !c.f.noSaveOptim), c.options(step))
+	sr, err := ckrun.New(c.run).SaveLocal(ctx, step, tr.StateViews(c.f.ranks, !c.f.noSaveOptim), c.options(step))
 	c.stall += time.Since(t0)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/fs"  // file:// for tests
+	_ "github.com/ckptkit/ckptkit/backend/gcs" // gs:// when CKPTKIT_TEST_GCS_URL is set
 	_ "github.com/ckptkit/ckptkit/backend/mem" // mem:// for tests
 	_ "github.com/ckptkit/ckptkit/backend/s3"  // s3:// when CKPTKIT_TEST_S3_URL is set
 	"github.com/ckptkit/ckptkit/catalog"
@@ -59,11 +60,29 @@ func Backends(t testing.TB) []Backend {
 		t.Logf("s3: skipped (%s not set)", S3URLEnv)
 		return bs
 	}
-	return append(bs, Backend{Name: "s3", Open: func(t testing.TB) *backend.Store {
+	return append(bs, scratchOn("s3", raw))
+}
+
+// scratchOn is the backend name whose stores are fresh prefixes below the
+// URL raw.
+func scratchOn(name, raw string) Backend {
+	return Backend{Name: name, Open: func(t testing.TB) *backend.Store {
 		root, err := backend.Open(context.Background(), raw)
 		require.NoError(t, err)
 		return storetest.Scratch(t, root)
-	}})
+	}}
+}
+
+// BackendsWithGCS is Backends plus, when CKPTKIT_TEST_GCS_URL is set, gcs
+// (a fresh prefix in the emulator's test bucket).
+func BackendsWithGCS(t testing.TB) []Backend {
+	bs := Backends(t)
+	raw := os.Getenv(GCSURLEnv)
+	if raw == "" {
+		t.Logf("gcs: skipped (%s not set)", GCSURLEnv)
+		return bs
+	}
+	return append(bs, scratchOn("gcs", raw))
 }
 
 // OpenURL opens a store and closes it at cleanup.

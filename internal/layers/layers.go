@@ -56,6 +56,9 @@ var Levels = map[string]Level{
 
 	"ops/gc": 6,
 
+	// The run: choosing, saving, resuming, falling back and retention.
+	"run": 7,
+
 	// Clients of the core: the C ABI, example plugins, benchmarks, test kits.
 	"capi":                       8,
 	"plugins/examples/fsplugin":  8,

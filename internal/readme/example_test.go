@@ -8,9 +8,9 @@ import (
 	"math"
 	"os"
 
-	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/fs" // registers local paths and file://; import backend/s3, backend/gcs for s3://, gs://
 	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -23,12 +23,12 @@ func Example() {
 	}
 	defer os.RemoveAll(dir)
 
-	// Storage is chosen by URL: a local path here, s3://bucket/run/step-00000100 alike.
-	st, err := backend.Open(ctx, dir+"/run/step-00000100")
+	// Storage is chosen by URL: a local path here, s3://bucket/run7 alike.
+	r, err := run.Open(ctx, dir+"/run7")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer st.Close()
+	defer r.Close()
 
 	// One rank's state: tensors under model.<name> (optimizer.state.<name>.<slot>, scheduler.<field>, ...).
 	w := make([]byte, 4*3)
@@ -37,28 +37,22 @@ func Example() {
 	}
 	sd := statedict.New()
 	sd.Tensors["model.linear.weight"] = statedict.Whole(&statedict.Tensor{DType: statedict.Float32, Shape: []int64{3}, Data: w})
-	if _, err := saver.SaveLocal(ctx, st, []*statedict.StateDict{sd}, saver.Options{Iteration: 100}); err != nil {
+	if _, err := r.SaveLocal(ctx, 100, []*statedict.StateDict{sd}, saver.Options{}); err != nil { // run7/step-00000100/
 		log.Fatal(err)
 	}
 
-	// Before resuming: is it complete, and is every byte intact?
-	vr, err := loader.Verify(ctx, st, loader.VerifyOptions{Deep: true})
+	// A restarted job resumes in one call: the newest valid checkpoint,
+	// falling back past damaged data, refusing (never restarting) when
+	// committed checkpoints exist but none is valid.
+	target := statedict.New()
+	target.Tensors["model.linear.weight"] = &statedict.Shard{DType: statedict.Float32, GlobalShape: []int64{3}, Offsets: []int64{0}, Sizes: []int64{3}, Data: make([]byte, 4*3)}
+	res, err := r.Resume(ctx, run.ResumeOptions{Load: run.Into(func() []*statedict.StateDict { return []*statedict.StateDict{target} }, loader.Options{})})
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("resumable:", vr.Resumable, "iteration:", vr.Iteration)
-
-	// Read it back (any world size can: the loader reassembles shards).
-	c, err := loader.Open(ctx, st)
-	if err != nil {
-		log.Fatal(err)
-	}
-	t, err := c.ReadTensor(ctx, "model.linear.weight")
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(t.DType, t.Shape, math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4:])))
+	fmt.Println("fresh:", res.Fresh, "step:", res.Report.Iteration, "checkpoint:", res.Entry.Name)
+	fmt.Println(math.Float32frombits(binary.LittleEndian.Uint32(target.Tensors["model.linear.weight"].Data[4:])))
 	// Output:
-	// resumable: true iteration: 100
-	// float32 [3] -1
+	// fresh: false step: 100 checkpoint: step-00000100
+	// -1
 }

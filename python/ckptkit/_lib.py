@@ -63,6 +63,7 @@ _SIGNATURES = {
     "ckpt_save_release": ([ctypes.c_size_t], None),
     "ckpt_saver_stats": ([ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_saver_idle": ([ctypes.c_size_t, ctypes.c_int] + _ERR, ctypes.c_int),
+    "ckpt_run_layout": ([ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_load": ([ctypes.c_size_t, ctypes.c_char_p, _void_pp, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
 }
 

@@ -407,3 +407,21 @@ def test_a_value_that_does_not_decode_fails_before_anything_changes(file_url):
     with pytest.raises(ckptkit.BadCheckpointError, match="'obj' does not decode"):
         resume(url, m2, opt2, scheduler=sched2, extra_state={"obj": None})
     assert same_bits(before, snapshot(m2, opt2))
+
+
+def test_run_whose_committed_checkpoints_all_fail_is_refused_not_restarted(file_url):
+    """A run whose only committed checkpoint does not open (its metadata is
+    garbage) is refused with a BadCheckpointError naming it (the Go core's
+    run.RefusedError), never a fresh start (None); nothing is modified."""
+    m, opt, sched = _trained()
+    run = sub_url(file_url, "run")
+    save(run, m, opt, step=3, scheduler=sched)
+    meta = os.path.join(file_url[len("file://"):], "run", "step-00000003", ".metadata")
+    with open(meta, "wb") as f:
+        f.write(b"not a pickle")
+    m2, opt2, sched2 = make()
+    before = snapshot(m2, opt2)
+    with pytest.raises(ckptkit.BadCheckpointError, match="every committed checkpoint failed verification") as e:
+        resume(run, m2, opt2, scheduler=sched2)
+    assert "step-00000003" in str(e.value)
+    assert same(before, snapshot(m2, opt2))

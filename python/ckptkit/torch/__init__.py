@@ -15,8 +15,10 @@ another world size. docs/TORCH.md documents it.
 
 import base64
 import collections
+import ctypes
 import json
 import logging
+import os
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 
+from ckptkit import _lib
 from ckptkit.errors import (
     BadCheckpointError,
     CheckpointError,
@@ -65,11 +68,18 @@ _DTYPES = {
 }
 
 
+def _layout(run_url, step):
+    """The run's layout as the Go core's package run owns it: {step_name,
+    step_url, coord_url} of step under run_url (query parameters kept)."""
+    out = ctypes.c_void_p()
+    _lib.call("ckpt_run_layout", os.fspath(run_url).encode(), int(step), ctypes.byref(out))
+    return json.loads(_lib.take_string(out.value))
+
+
 def step_url(run_url, step):
     """The checkpoint URL of step under run_url: run_url/step-<8 digits>
     (query parameters of the run URL kept)."""
-    base, sep, query = run_url.partition("?")
-    return f"{base.rstrip('/')}/step-{int(step):08d}{sep}{query}"
+    return _layout(run_url, step)["step_url"]
 
 
 def _rank():
@@ -282,12 +292,12 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, c
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # Ranks are processes: the Go saver of each coordinates through
         # objects under the run's _coord/ prefix, in a session rank 0 names.
+        layout = _layout(run_url, step)
         group = [None]
         if dist.get_rank() == 0:
-            group = [f"step-{step:08d}-{uuid.uuid4().hex}"]
+            group = [f"{layout['step_name']}-{uuid.uuid4().hex}"]
         dist.broadcast_object_list(group, src=0)
-        base, sep, query = run_url.partition("?")
-        spec["coordinator"] = {"url": f"{base.rstrip('/')}/_coord{sep}{query}", "group": group[0],
+        spec["coordinator"] = {"url": layout["coord_url"], "group": group[0],
                                "rank": dist.get_rank(), "world": dist.get_world_size()}
     return _async.saver_for(staging_bytes).save(url, spec, tensors)
 
@@ -486,7 +496,7 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     For a run URL, a checkpoint whose data turns out damaged (a CRC32C
     mismatch, a missing or truncated data object) is passed over for the
     next older valid one, as `ckpt train --resume` does (the Go core's
-    catalog.LoadWithFallback): a RuntimeWarning (and the log) names the
+    run.Run.Load): a RuntimeWarning (and the log) names the
     damaged checkpoint and the one used, ``skipped`` lists it, and the
     report describes the one loaded. Such a load writes each tensor once
     (every attempt overwrites every target), so when no older checkpoint is

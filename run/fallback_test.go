@@ -1,4 +1,4 @@
-package catalog_test
+package run_test
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -19,24 +19,22 @@ import (
 // groups older and step 6 with newer, flips a data byte of step 6 (its
 // metadata still verifies) and returns the run and the newest checkpoint
 // found.
-func damagedNewest(t *testing.T, older, newer [][]string) (*backend.Store, *catalog.Found) {
+func damagedNewest(t *testing.T, older, newer [][]string) (*backend.Store, *run.Found) {
 	t.Helper()
 	ctx := context.Background()
-	run, err := backend.Open(ctx, "file://"+t.TempDir())
-	require.NoError(t, err)
-	for name, saved := range map[string][][]string{"step-00000003": older, "step-00000006": newer} {
-		st, err := run.Sub(name)
-		require.NoError(t, err)
-		_, err = saver.SaveLocal(ctx, st, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
+	st := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	r := run.New(st)
+	for step, saved := range map[int64][][]string{3: older, 6: newer} {
+		_, err := r.SaveLocal(ctx, step, []*statedict.StateDict{ckpttest.GroupedState(256, saved...)}, saver.Options{})
 		require.NoError(t, err)
 	}
-	newest, err := run.Sub("step-00000006")
+	newest, err := r.Step(6)
 	require.NoError(t, err)
-	flipDataByte(t, newest)
-	found, _, err := catalog.Latest(ctx, run, false)
+	flipDataByte(t, newest, 0)
+	found, _, err := r.Latest(ctx, run.LatestOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "step-00000006", found.Name, "the damage is in the data: the metadata verifies")
-	return run, found
+	return st, found
 }
 
 // TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled: the
@@ -47,11 +45,10 @@ func damagedNewest(t *testing.T, older, newer [][]string) (*backend.Store, *cata
 func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) {
 	ctx := context.Background()
 	groups := [][]string{{"a"}, {"b", "c"}}
-	run, found := damagedNewest(t, [][]string{{"a", "b", "c"}}, groups)
-	_, _, err := catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
-		target := ckpttest.GroupedState(256, groups...)
-		return c.Load(ctx, []*statedict.StateDict{target}, loader.Options{ParamGroups: groups})
-	}, t.Logf)
+	r, found := damagedNewest(t, [][]string{{"a", "b", "c"}}, groups)
+	_, err := run.New(r).Load(ctx, found, run.Into(func() []*statedict.StateDict {
+		return []*statedict.StateDict{ckpttest.GroupedState(256, groups...)}
+	}, loader.Options{ParamGroups: groups}), t.Logf)
 	require.ErrorIs(t, err, loader.ErrLayoutMismatch)
 	assert.NotErrorIs(t, err, loader.ErrChecksum, "the refusal is the error; the damage is only named")
 	assert.ErrorIs(t, err, loader.ErrTargetsPartlyFilled)
@@ -69,12 +66,12 @@ func TestFallbackToOtherParamGroupsSaysTheTargetsWerePartlyFilled(t *testing.T) 
 func TestFallbackRefusedForAMissingKeyIsAMissingKey(t *testing.T) {
 	ctx := context.Background()
 	full := [][]string{{"a", "b", "c"}}
-	run, found := damagedNewest(t, [][]string{{"a", "b"}}, full)
-	_, _, err := catalog.LoadWithFallback(ctx, run, found, func(c *loader.Checkpoint) (*loader.Report, error) {
-		return c.Load(ctx, []*statedict.StateDict{ckpttest.GroupedState(256, full...)}, loader.Options{})
-	}, t.Logf)
+	r, found := damagedNewest(t, [][]string{{"a", "b"}}, full)
+	_, err := run.New(r).Load(ctx, found, run.Into(func() []*statedict.StateDict {
+		return []*statedict.StateDict{ckpttest.GroupedState(256, full...)}
+	}, loader.Options{}), t.Logf)
 	require.ErrorIs(t, err, loader.ErrMissingKeys)
 	assert.NotErrorIs(t, err, loader.ErrChecksum)
-	assert.False(t, catalog.DataDamaged(err))
+	assert.False(t, run.DataDamaged(err))
 	assert.Contains(t, err.Error(), "step-00000006")
 }
