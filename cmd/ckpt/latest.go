@@ -69,9 +69,13 @@ no checkpoint under it is committed.`,
 			p.finish()
 			out := &latestOutput{URL: run.String(), Deep: deep, Skipped: []latestSkipped{}}
 			committed := false
+			var unreadable *catalog.Skipped
 			for _, s := range skipped {
 				out.Skipped = append(out.Skipped, latestSkipped{Name: s.Entry.Name, Step: s.Entry.Step, URL: s.Entry.URL, Reason: s.Reason})
 				committed = committed || s.Entry.Committed
+				if s.Entry.Unreadable != "" && unreadable == nil {
+					unreadable = &s
+				}
 			}
 			if err != nil && !errors.Is(err, catalog.ErrNoCommittedCheckpoint) {
 				return err
@@ -99,6 +103,11 @@ no checkpoint under it is committed.`,
 				if committed {
 					// Committed checkpoints exist, and none is valid.
 					return ckpterr.WithClass(fmt.Errorf("%w (every committed checkpoint failed verification)", err), ckpterr.BadCheckpoint)
+				}
+				if unreadable != nil {
+					// Storage refused to read some: whether they are
+					// committed is unknown, so not "none committed".
+					return ckpterr.WithClass(fmt.Errorf("%w (%s is unreadable: %s)", err, unreadable.Entry.Name, unreadable.Entry.Unreadable), ckpterr.Access)
 				}
 				return err
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"github.com/ckptkit/ckptkit/internal/trainer"
 	"github.com/ckptkit/ckptkit/loader"
@@ -164,6 +165,11 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		switch {
 		case errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 			for _, s := range skipped {
+				if s.Entry.Unreadable != "" {
+					// It may be committed: starting over could throw the
+					// run away.
+					return ckpterr.WithClass(fmt.Errorf("resume: no readable committed checkpoint under %s (%s: %s); make it readable or remove it, or train without --resume", run, s.Entry.URL, s.Entry.Unreadable), ckpterr.Access)
+				}
 				if s.Entry.Committed {
 					// Committed checkpoints exist but none is valid: starting
 					// over would silently throw the run away.
