@@ -2,11 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -37,6 +42,9 @@ func tempFiles(t *testing.T, dir string) []string {
 	t.Helper()
 	var out []string
 	require.NoError(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // not created yet, or removed meanwhile
+		}
 		if err == nil && strings.HasPrefix(d.Name(), fs.TempPrefix) {
 			out = append(out, p)
 		}
@@ -188,4 +196,133 @@ func TestUnreadableCheckpointIsSkippedNotAFailedListing(t *testing.T) {
 	require.NotContains(t, errs, "fresh start")
 	code, _, errs = unprivileged(t, bin, "latest", run)
 	require.Equal(t, 4, code, errs)
+}
+
+// killMidSave starts `bin train` with args and SIGKILLs it once a
+// temporary file under dir/step holds data: a save cut short.
+func killMidSave(t *testing.T, bin, dir, step string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	require.NoError(t, cmd.Start())
+	killAt(t, cmd, dir, step, func() { require.NoError(t, cmd.Process.Signal(syscall.SIGKILL)) })
+}
+
+// killAt waits until a temporary file under dir/step holds data, calls
+// kill, and waits for cmd (started) to end; it returns cmd's error.
+func killAt(t *testing.T, cmd *exec.Cmd, dir, step string, kill func()) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("train ended (%v) before a temporary file of %s appeared", err, step)
+			return err
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			t.Fatalf("no temporary file of %s within 2 minutes", step)
+			return nil
+		case <-time.After(2 * time.Millisecond):
+		}
+		for _, p := range tempFiles(t, filepath.Join(dir, step)) {
+			if fi, err := os.Stat(p); err == nil && fi.Size() > 0 {
+				kill()
+				return <-done
+			}
+		}
+	}
+}
+
+// tempBytes totals the temporary files below dir.
+func tempBytes(t *testing.T, dir string) int64 {
+	var n int64
+	for _, p := range tempFiles(t, dir) {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		n += fi.Size()
+	}
+	return n
+}
+
+// Issue 30: a SIGKILLed save left full-size .ckptkit-tmp-* files that ls
+// and gc never saw and resume left behind. ls counts them, gc removes those
+// older than --grace, and the next save into the same step directory
+// removes those of the dead process itself.
+func TestKilledSaveTempFilesAreListedAndRemoved(t *testing.T) {
+	bin := buildCkpt(t)
+	run := filepath.Join(t.TempDir(), "run")
+	train := []string{"train", "--url", run, "--steps", "2", "--save-every", "1", "--state-size", "256MiB"}
+	killMidSave(t, bin, run, "step-00000002", train...)
+	left := tempFiles(t, run)
+	require.NotEmpty(t, left)
+	size := tempBytes(t, run)
+
+	code, out, errs := ckpt(t, "ls", run, "--json")
+	require.Equal(t, 0, code, errs)
+	var ls lsOutput
+	require.NoError(t, json.Unmarshal([]byte(out), &ls))
+	require.NotNil(t, ls.Uploads)
+	require.Equal(t, len(left), ls.Uploads.Count)
+	require.Equal(t, size, ls.Uploads.Bytes)
+	code, out, errs = ckpt(t, "ls", run)
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, fmt.Sprintf("%d incomplete upload(s), %s", len(left), humanBytes(size)))
+
+	// The resume saves step 2 again: the dead writer's files go.
+	code, _, errs = ckpt(t, append(train, "--resume")...)
+	require.Equal(t, 0, code, errs)
+	require.Empty(t, tempFiles(t, run), "the next save of the step removed the killed one's temporary files")
+
+	// Killed again; gc keeps them within --grace and removes them after.
+	killMidSave(t, bin, run, "step-00000003", "train", "--url", run, "--steps", "3", "--save-every", "1", "--state-size", "256MiB", "--resume")
+	left = tempFiles(t, run)
+	require.NotEmpty(t, left)
+	code, out, errs = ckpt(t, "gc", run, "--keep-last", "5", "--json")
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, left, tempFiles(t, run), "younger than the default grace (1h): kept")
+	var plan gcOutput
+	require.NoError(t, json.Unmarshal([]byte(out), &plan))
+	require.Empty(t, plan.Uploads)
+	code, out, errs = ckpt(t, "gc", run, "--keep-last", "5", "--grace", "0s")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, fmt.Sprintf("aborted %d incomplete upload(s)", len(left)))
+	require.Empty(t, tempFiles(t, run))
+	code, _, errs = ckpt(t, "latest", run)
+	require.Equal(t, 0, code, errs)
+}
+
+// A crashed fs plugin (SIGKILLed mid-save) leaves its temporary files in
+// the run's directory, where gc of the directory's path finds and removes
+// them.
+func TestCrashedFsPluginTempFilesAreRemovedByGC(t *testing.T) {
+	bin := buildCkpt(t)
+	plugins := t.TempDir()
+	out, err := exec.Command("go", "build", "-o", filepath.Join(plugins, "fsplugin"), "github.com/ckptkit/ckptkit/plugins/examples/fsplugin").CombinedOutput()
+	require.NoError(t, err, "build fsplugin: %s", out)
+	run := filepath.Join(t.TempDir(), "run")
+	cmd := exec.Command(bin, "--plugin-dir", plugins, "train", "--url", "localdir://"+run, "--steps", "1", "--save-every", "1", "--state-size", "256MiB")
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	require.NoError(t, cmd.Start())
+	_ = killAt(t, cmd, run, "step-00000001", func() {
+		pids, err := exec.Command("pgrep", "-P", strconv.Itoa(cmd.Process.Pid), "fsplugin").Output()
+		require.NoError(t, err, "the plugin process")
+		for _, f := range strings.Fields(string(pids)) {
+			pid, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+		}
+	})
+	t.Logf("train after the plugin's crash: %s", errb.String())
+	require.Contains(t, errb.String(), "plugin process exited during the write")
+	left := tempFiles(t, run)
+	require.NotEmpty(t, left, "the write is not replayed: the dead plugin's file stays")
+	code, out2, errs := ckpt(t, "ls", run)
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out2, fmt.Sprintf("%d incomplete upload(s)", len(left)))
+	code, out2, errs = ckpt(t, "gc", run, "--keep-last", "1", "--grace", "0s")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out2, fmt.Sprintf("aborted %d incomplete upload(s)", len(left)))
+	require.Empty(t, tempFiles(t, run))
 }
