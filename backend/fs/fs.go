@@ -6,6 +6,13 @@
 // of the root is refused with backend.CodePermission. Writes go to a hidden
 // temporary file in the destination directory, are fsynced, then published by
 // rename (or by hard link for create-if-absent), and the directory is fsynced.
+// Temporary files a killed writer left are incomplete uploads (ListUploads,
+// AbortUpload: what `ckpt gc` removes) and are removed by the next write
+// into their directory once their writer is provably gone (temp.go).
+//
+// A file system that refuses an operation (full, over quota, read-only, no
+// permission) is backend.CodePermission, with a hint in the message
+// (errno.go).
 //
 // Importing the package registers the "file" scheme.
 package fs

@@ -80,7 +80,10 @@ func newLsCmd() *cobra.Command {
 		Long: `Lists the step-NNNNNNNN prefixes under RUN_URL, oldest step first, with one
 listing of the run: whether each is committed (and in which format), its
 objects, total size, the age of its newest object, and how many objects
-ckptkit did not write (gc never deletes such prefixes).
+ckptkit did not write (gc never deletes such prefixes). A checkpoint storage
+refuses to read (a directory this user may not read) is listed as
+unreadable with the reason. The count and size of incomplete uploads under
+the run follow (temporary files or parts of killed saves: gc removes them).
 A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 		Example: `  ckpt ls ./runs/demo
   ckpt ls s3://bucket/runs/demo --json`,
