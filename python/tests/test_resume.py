@@ -279,6 +279,31 @@ def test_torch_written_checkpoint_resumes(file_url):
     _train_on_identically(m, opt, sched, m2, opt2, sched2)
 
 
+@pytest.mark.parametrize("writer", ["ckptkit", "torch"])
+def test_checkpoint_saved_before_the_first_optimizer_step_resumes_with_the_optimizer(file_url, writer):
+    """Issue 30: a DCP checkpoint saved at step 0 (the optimizer's param
+    groups, no state yet) failed "no optimizer keys"; it resumes with the
+    optimizer, every parameter lazily absent, whether ckptkit.torch.save or
+    torch's own FileSystemWriter wrote it."""
+    m, opt, sched = make()
+    names = [n for n, _ in m.named_parameters()]
+    if writer == "ckptkit":
+        save(file_url, m, opt, step=0, scheduler=sched)
+    else:
+        # get_state_dict would initialise the state; this is its layout
+        # with the state still empty.
+        groups = [dict(g, params=names) for g in opt.state_dict()["param_groups"]]
+        dcp.save({"model": m.state_dict(), "optimizer": {"state": {}, "param_groups": groups},
+                  "scheduler": sched.state_dict(), "step": 0},
+                 storage_writer=dcp.FileSystemWriter(file_url[len("file://"):] + "/step-00000000"))
+    m2, opt2, sched2 = make(seed=8)
+    rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 0 and rep.optimizer_loaded
+    assert sorted(rep.lazy_params) == sorted(names)
+    assert not opt2.state
+    _train_on_identically(m, opt, sched, m2, opt2, sched2)
+
+
 def test_flipped_byte_is_refused_by_resume_before_anything_changes(file_url):
     m, opt, sched = _trained()
     save(file_url, m, opt, step=3, scheduler=sched)
