@@ -326,3 +326,19 @@ func TestCrashedFsPluginTempFilesAreRemovedByGC(t *testing.T) {
 	require.Contains(t, out2, fmt.Sprintf("aborted %d incomplete upload(s)", len(left)))
 	require.Empty(t, tempFiles(t, run))
 }
+
+// The fs plugin's refusal crosses the plugin protocol: a full tmpfs behind
+// localdir:// is the same access error (exit 4) with the same hint.
+func TestFullFileSystemThroughThePlugin(t *testing.T) {
+	plugins := t.TempDir()
+	out, err := exec.Command("go", "build", "-o", filepath.Join(plugins, "fsplugin"), "github.com/ckptkit/ckptkit/plugins/examples/fsplugin").CombinedOutput()
+	require.NoError(t, err, "build fsplugin: %s", out)
+	mnt := filepath.Join(t.TempDir(), "tmpfs")
+	mount(t, mnt, "-t", "tmpfs", "-o", "size=64m", "tmpfs")
+	code, sout, errs := ckpt(t, "--plugin-dir", plugins, "train", "--url", "localdir://"+mnt+"/run", "--steps", "1", "--save-every", "1", "--state-size", "100MiB")
+	require.Equal(t, 4, code, "%s%s", sout, errs)
+	require.Contains(t, errs, "no space left on device")
+	require.Contains(t, errs, "free space there")
+	require.Contains(t, errs, mnt)
+	require.Empty(t, tempFiles(t, mnt))
+}
