@@ -57,6 +57,10 @@ func copyRun(cmd *cobra.Command, src, dst *backend.Store, entries []catalog.Entr
 	}
 	present := 0 // already committed at the destination
 	for _, e := range entries {
+		if e.Unreadable != "" {
+			skip(e.Name, "unreadable: "+e.Unreadable)
+			continue
+		}
 		if !e.Committed {
 			skip(e.Name, "uncommitted")
 			continue
@@ -145,7 +149,7 @@ or refused (exit 1) with --require-checksums.
 A committed checkpoint at DST is refused (exit 6, conflict) unless --force.
 SRC may be a run (a prefix holding step-NNNNNNNN checkpoints): each
 committed checkpoint that verifies is copied to DST/<its name>, oldest
-first; the others (uncommitted, not opening, failing verification, corrupt bytes found
+first; the others (uncommitted, unreadable, not opening, failing verification, corrupt bytes found
 while copying, or already committed at DST without --force) are skipped
 and named. It fails (exit 1) only when no checkpoint was copied and none
 was already at DST.
@@ -172,8 +176,10 @@ Progress (bytes done / total, rate, ETA) is shown on a terminal.`,
 			opts.Progress = p.callback()
 			res, err := transfer.Copy(ctx, src, dst, opts)
 			p.finish()
-			if errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) {
-				// A run: every committed, valid checkpoint under it.
+			// A run: every committed, valid checkpoint under it (telling a
+			// run from a checkpoint lists it, which a step directory storage
+			// refuses to read fails: such a run is still a run).
+			if errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) || ckpterr.ClassOf(err) == ckpterr.Access {
 				if entries, lerr := catalog.List(ctx, src); lerr == nil && len(entries) > 0 {
 					return copyRun(cmd, src, dst, entries, opts, asJSON)
 				}

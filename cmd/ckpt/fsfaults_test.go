@@ -180,6 +180,10 @@ func TestUnreadableCheckpointIsSkippedNotAFailedListing(t *testing.T) {
 	require.Contains(t, errs, "step-00000002")
 	require.Contains(t, errs, "step-00000003: unreadable")
 
+	code, _, errs = unprivileged(t, bin, "copy", run, filepath.Join(t.TempDir(), "copy"))
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, errs, "skipping step-00000001: unreadable")
+
 	code, out, errs = unprivileged(t, bin, "gc", run, "--keep-last", "1", "--grace", "0s")
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, out, "unreadable")
