@@ -646,6 +646,13 @@ func (d *Driver) delete(ctx context.Context, key string) error {
 		}
 		return err
 	}
+	d.pruneParents(key)
+	return nil
+}
+
+// pruneParents removes the directories above key that are left empty, up
+// to the root, best effort.
+func (d *Driver) pruneParents(key string) {
 	for dir := path.Dir(key); dir != "." && dir != "/"; dir = path.Dir(dir) {
 		// Only real directories: removing a symbolic link to a directory
 		// would unlink the link itself.
@@ -657,7 +664,6 @@ func (d *Driver) delete(ctx context.Context, key string) error {
 			break // not empty (or anything else): stop, best effort
 		}
 	}
-	return nil
 }
 
 // Capabilities implements backend.Driver.

@@ -161,8 +161,9 @@ func (d *Driver) walkTemps(ctx context.Context, dir, prefix string, fn func(back
 }
 
 // AbortUpload implements backend.UploadLister: it removes the temporary
-// file key (id is its name, as ListUploads reported it). A key that is not
-// a temporary file is refused; one already gone is no error.
+// file key (id is its name, as ListUploads reported it) and, as Delete
+// does, the directories above it left empty. A key that is not a temporary
+// file is refused; one already gone is no error.
 func (d *Driver) AbortUpload(ctx context.Context, key, id string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -188,6 +189,7 @@ func (d *Driver) AbortUpload(ctx context.Context, key, id string) error {
 	if err := d.root.Remove(native(key)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return d.explain(err)
 	}
+	d.pruneParents(key) // a killed first save leaves its step directory holding only this
 	return nil
 }
 

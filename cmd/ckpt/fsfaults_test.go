@@ -292,6 +292,8 @@ func TestKilledSaveTempFilesAreListedAndRemoved(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, out, fmt.Sprintf("aborted %d incomplete upload(s)", len(left)))
 	require.Empty(t, tempFiles(t, run))
+	_, err := os.Stat(filepath.Join(run, "step-00000003"))
+	require.ErrorIs(t, err, os.ErrNotExist, "the killed save's step directory, left empty, goes too")
 	code, _, errs = ckpt(t, "latest", run)
 	require.Equal(t, 0, code, errs)
 }
