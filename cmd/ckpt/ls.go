@@ -118,7 +118,11 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 			}
 			printLs(cmd.OutOrStdout(), run.String(), es, time.Now())
 			if ups != nil && ups.Count > 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), "%d incomplete upload(s), %s: temporary files or parts of killed saves (`ckpt gc` removes those older than --grace)\n", ups.Count, humanBytes(ups.Bytes))
+				size := humanBytes(ups.Bytes)
+				if ups.Bytes == 0 {
+					size = "size not known" // S3 lists no part sizes, GCS sessions none
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d incomplete upload(s), %s: temporary files or parts of killed saves (`ckpt gc` removes those older than --grace)\n", ups.Count, size)
 			}
 			return nil
 		},
