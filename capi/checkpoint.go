@@ -19,6 +19,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/planner"
 	"github.com/ckptkit/ckptkit/statedict"
@@ -122,10 +123,14 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 	found, skips, err := catalog.Latest(ctx, sh.st, false)
 	var out []skipped
 	committed := 0
+	var unreadable *catalog.Skipped
 	for _, sk := range skips {
 		out = append(out, skipped{URL: sk.Entry.URL, Reason: sk.Reason})
 		if sk.Entry.Committed {
 			committed++
+		}
+		if sk.Entry.Unreadable != "" && unreadable == nil {
+			unreadable = &sk
 		}
 	}
 	switch {
@@ -137,6 +142,10 @@ func openCheckpoint(ctx context.Context, url string) (*ckptHandle, error) {
 		return h, nil
 	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 		return nil, err
+	case committed == 0 && unreadable != nil:
+		// Storage refuses to read some: they may be committed, so this is
+		// no fresh run.
+		return nil, ckpterr.WithClass(fmt.Errorf("%s: no readable committed checkpoint (%s is unreadable: %s)", sh.st, unreadable.Entry.URL, unreadable.Entry.Unreadable), ckpterr.Access)
 	case committed == 0:
 		// A fresh run (or only uncommitted prefixes): nothing to resume;
 		// but a URL naming a checkpoint (step-NNNNNNNN) under which

@@ -4,6 +4,7 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,6 +195,54 @@ def test_newest_committed_checkpoint_is_chosen_and_killed_save_skipped(file_url,
 
     out = ckpt_cli("latest", file_url)
     assert out.returncode == 0 and "step-00000003" in out.stdout, out.stdout + out.stderr
+
+
+def test_unreadable_checkpoint_is_skipped_and_never_a_fresh_start(file_url, tmp_path):
+    """Issue 30: a step directory this process may not read (mode 000, run
+    without CAP_DAC_OVERRIDE: root bypasses permissions) made resume fail
+    outright. It is skipped with its reason; with nothing readable left,
+    resume raises AccessError instead of starting over."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE")
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=3, scheduler=sched)
+    train(m, opt, sched, 1)
+    save(file_url, m, opt, step=4, scheduler=sched)
+    run = file_url[len("file://"):]
+    script = tmp_path / "resume.py"
+    script.write_text(
+        "import json, os, sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[2])))\n"
+        "import ckptkit\n"
+        "from ckptkit.torch import resume\n"
+        "from models import make\n"
+        "m, opt, sched = make(seed=2)\n"
+        "try:\n"
+        "    rep = resume(sys.argv[1], m, opt, scheduler=sched)\n"
+        "    print(json.dumps({'step': None if rep is None else rep.step, 'skipped': [] if rep is None else rep.skipped}))\n"
+        "except ckptkit.AccessError as e:\n"
+        "    print(json.dumps({'access_error': str(e)}))\n"
+    )
+
+    def unprivileged():
+        r = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all",
+                            sys.executable, str(script), file_url, __file__], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    newest = os.path.join(run, "step-00000004")
+    os.chmod(newest, 0)
+    try:
+        got = unprivileged()
+        assert got.get("step") == 3, got
+        assert any("step-00000004" in s["url"] and "unreadable" in s["reason"] for s in got["skipped"]), got
+        os.chmod(os.path.join(run, "step-00000003"), 0)
+        got = unprivileged()
+        assert "access_error" in got and "unreadable" in got["access_error"], got
+    finally:
+        os.chmod(newest, 0o755)
+        os.chmod(os.path.join(run, "step-00000003"), 0o755)
 
 
 def test_metadata_read_once_per_resume(file_url, tmp_path):
