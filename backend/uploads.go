@@ -36,8 +36,9 @@ type UploadLister interface {
 }
 
 // ListUploads lists the incomplete uploads of keys under prefix (relative
-// to the store). A driver that cannot list them (or has none: fs and mem
-// publish by rename) gives ErrUnsupported.
+// to the store). A driver that cannot list them (or has none: mem publishes
+// by swapping a map entry) gives ErrUnsupported. The fs driver lists the
+// temporary files of killed writers.
 func (s *Store) ListUploads(ctx context.Context, prefix string, fn func(Upload) error) error {
 	ul, ok := s.drv.(UploadLister)
 	if !ok {

@@ -55,6 +55,11 @@ type Entry struct {
 	// does not write (see OwnedObject). Operations that delete refuse
 	// prefixes holding any.
 	ForeignObjects int `json:"foreign_objects"`
+	// Unreadable, when set, is why the checkpoint's objects could not be
+	// read: storage refused it (class access: a directory this process
+	// may not read, say). Such a checkpoint is listed, skipped by Latest
+	// with this reason, and never taken for uncommitted.
+	Unreadable string `json:"unreadable,omitempty"`
 	// Attempts counts the distinct save attempts whose data objects are
 	// under the prefix (ListDetailed only): more than one means a retried
 	// or concurrent save left objects the metadata may not name.
@@ -145,6 +150,10 @@ func List(ctx context.Context, run *backend.Store) ([]Entry, error) {
 				if errors.Is(err, backend.ErrNotFound) {
 					continue
 				}
+				if ckpterr.ClassOf(err) == ckpterr.Access {
+					e.Unreadable = err.Error()
+					return nil
+				}
 				if err != nil {
 					return err // a Store error names the operation and the URL
 				}
@@ -194,6 +203,10 @@ func ListDetailed(ctx context.Context, run *backend.Store) ([]Entry, error) {
 			}
 			return nil
 		})
+		if ckpterr.ClassOf(err) == ckpterr.Access {
+			e.Unreadable = err.Error()
+			continue
+		}
 		if err != nil {
 			return nil, err // a Store error names the operation and the URL
 		}
@@ -288,8 +301,13 @@ func LatestIn(ctx context.Context, run *backend.Store, entries []Entry, deep boo
 func choose(ctx context.Context, run *backend.Store, entries []Entry, opts LatestOptions, known bool) (*Found, []Skipped, error) {
 	var skipped []Skipped
 	const uncommitted = "uncommitted (no metadata object)"
+	const unreadable = "unreadable: "
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
+		if e.Unreadable != "" {
+			skipped = append(skipped, Skipped{Entry: e, Reason: unreadable + e.Unreadable})
+			continue
+		}
 		if known && !e.Committed {
 			skipped = append(skipped, Skipped{Entry: e, Reason: uncommitted})
 			continue
@@ -310,6 +328,13 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, opts Lates
 			// verify, so an older checkpoint is tried.
 			e.Committed = true
 			skipped = append(skipped, Skipped{Entry: e, Reason: err.Error(), Err: err})
+			continue
+		case ckpterr.ClassOf(err) == ckpterr.Access:
+			// Storage refuses to read this one (a directory this process
+			// may not read): an older checkpoint is tried, and callers
+			// never take it for uncommitted.
+			e.Unreadable = err.Error()
+			skipped = append(skipped, Skipped{Entry: e, Reason: unreadable + e.Unreadable})
 			continue
 		case err != nil:
 			return nil, skipped, err

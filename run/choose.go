@@ -23,6 +23,10 @@ var (
 	ErrNothingStored = ckpterr.New(ckpterr.NotFound, "no such path")
 	// ErrInvalidArgument: a negative step, a missing Load function.
 	ErrInvalidArgument = ckpterr.New(ckpterr.Usage, "invalid argument")
+	// ErrUnreadable: no committed checkpoint of the run could be read, and
+	// storage refused to read some of its checkpoints (whether they are
+	// committed is unknown): neither a fresh start nor "none committed".
+	ErrUnreadable = ckpterr.New(ckpterr.Access, "no readable committed checkpoint")
 )
 
 // Why is the kind of reason a checkpoint was skipped.
@@ -43,6 +47,9 @@ const (
 	// data was damaged for that rank): every rank resumes from the same,
 	// older, step.
 	OtherRank
+	// Unreadable: storage refused to read it (permissions); it may be
+	// committed.
+	Unreadable
 )
 
 // String names the reason as JSON and logs show it.
@@ -56,6 +63,8 @@ func (w Why) String() string {
 		return "damaged"
 	case OtherRank:
 		return "other-rank"
+	case Unreadable:
+		return "unreadable"
 	}
 	return "unknown"
 }
@@ -70,7 +79,10 @@ func fromCatalog(ss []catalog.Skipped) []Skipped {
 	out := make([]Skipped, 0, len(ss))
 	for _, s := range ss {
 		why := Invalid
-		if !s.Entry.Committed {
+		switch {
+		case s.Entry.Unreadable != "":
+			why = Unreadable
+		case !s.Entry.Committed:
 			why = Uncommitted
 		}
 		out = append(out, Skipped{Skipped: s, Why: why})
@@ -122,8 +134,10 @@ type Found = catalog.Found
 // Latest opens the newest committed checkpoint of the run that verifies
 // (every byte with opts.Deep) and returns it with the newer ones it
 // skipped. With none found it returns nil and: a *RefusedError when
-// committed checkpoints exist but none is valid; nil when none is
-// committed (a fresh run, or one whose only saves never committed).
+// committed checkpoints exist but none is valid; ErrUnreadable (class
+// access) when none is committed but storage refused to read some; nil
+// when none is committed (a fresh run, or one whose only saves never
+// committed).
 func (r *Run) Latest(ctx context.Context, opts LatestOptions) (*Found, []Skipped, error) {
 	found, skipped, err := catalog.LatestWith(ctx, r.st, opts)
 	out := fromCatalog(skipped)
@@ -133,7 +147,15 @@ func (r *Run) Latest(ctx context.Context, opts LatestOptions) (*Found, []Skipped
 	case !errors.Is(err, catalog.ErrNoCommittedCheckpoint):
 		return nil, out, err
 	}
-	return nil, out, refusal(r.st, out)
+	if err := refusal(r.st, out); err != nil {
+		return nil, out, err
+	}
+	for _, s := range out {
+		if s.Why == Unreadable {
+			return nil, out, fmt.Errorf("%s: %w (%s is unreadable: %s); make it readable or remove it", r.st, ErrUnreadable, s.Entry.URL, s.Entry.Unreadable)
+		}
+	}
+	return nil, out, nil
 }
 
 // refusal is the RefusedError of skipped when any of them is committed.
@@ -218,9 +240,11 @@ func Choose(ctx context.Context, st *backend.Store, opts LatestOptions) (*Choice
 }
 
 // notACheckpoint reports whether err, from opening a URL as a checkpoint,
-// says that no metadata object is at its root: the URL may be a run.
+// says that no metadata object is at its root: the URL may be a run. A
+// refusal to read (class access: a step directory storage may not list)
+// may be a run too: the run's listing skips what it may not read.
 func notACheckpoint(err error) bool {
-	return errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete)
+	return errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) || ckpterr.ClassOf(err) == ckpterr.Access
 }
 
 // Steps is the run half of Choose's rule for a caller that tried st as a

@@ -6,6 +6,13 @@
 // of the root is refused with backend.CodePermission. Writes go to a hidden
 // temporary file in the destination directory, are fsynced, then published by
 // rename (or by hard link for create-if-absent), and the directory is fsynced.
+// Temporary files a killed writer left are incomplete uploads (ListUploads,
+// AbortUpload: what `ckpt gc` removes) and are removed by the next write
+// into their directory once their writer is provably gone (temp.go).
+//
+// A file system that refuses an operation (full, over quota, read-only, no
+// permission) is backend.CodePermission, with a hint in the message
+// (errno.go).
 //
 // Importing the package registers the "file" scheme.
 package fs
@@ -13,8 +20,6 @@ package fs
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -69,6 +74,9 @@ type Driver struct {
 	// noCached is set once the file system refuses non-blocking
 	// page-cache reads (see cachedReader); reads then always block.
 	noCached atomic.Bool
+	// swept holds the directories whose stale temporary files this
+	// driver has removed (sweepDir: once per directory).
+	swept sync.Map
 }
 
 var _ backend.Driver = (*Driver)(nil)
@@ -140,6 +148,11 @@ func native(key string) string { return filepath.FromSlash(key) }
 
 // NewRangeReader implements backend.Driver.
 func (d *Driver) NewRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
+	r, err := d.newRangeReader(ctx, key, offset, length)
+	return r, d.explain(err)
+}
+
+func (d *Driver) newRangeReader(ctx context.Context, key string, offset, length int64) (io.ReadCloser, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -290,6 +303,7 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	defer func() { err = d.explain(err) }()
 	if strings.HasPrefix(path.Base(key), TempPrefix) {
 		return fmt.Errorf("key %q uses the reserved temporary-file prefix %q: %w", key, TempPrefix, backend.ErrInvalidKey)
 	}
@@ -375,11 +389,10 @@ func (d *Driver) createTemp(dir string) (*os.File, string, error) {
 				return nil, "", fmt.Errorf("create directory %q: %w", dir, err)
 			}
 		}
-		var b [12]byte
-		_, _ = rand.Read(b[:])
-		tmp := native(path.Join(dir, TempPrefix+hex.EncodeToString(b[:])))
+		tmp := native(path.Join(dir, tempName()))
 		f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err == nil {
+			d.sweepDir(dir)
 			return f, tmp, nil
 		}
 		lastErr = err
@@ -405,6 +418,11 @@ func (d *Driver) syncDir(dir string) error {
 
 // Stat implements backend.Driver. Directories are not objects.
 func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, error) {
+	a, err := d.stat(ctx, key)
+	return a, d.explain(err)
+}
+
+func (d *Driver) stat(ctx context.Context, key string) (backend.Attributes, error) {
 	if err := ctx.Err(); err != nil {
 		return backend.Attributes{}, err
 	}
@@ -428,6 +446,10 @@ func (d *Driver) Stat(ctx context.Context, key string) (backend.Attributes, erro
 // symbolic links to regular files inside the root are listed, other links
 // (to directories, or out of the root) are not followed.
 func (d *Driver) List(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.explain(d.list(ctx, prefix, fn))
+}
+
+func (d *Driver) list(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
 	if err := d.ensure(false); errors.Is(err, iofs.ErrNotExist) {
 		return ctx.Err()
 	} else if err != nil {
@@ -455,6 +477,10 @@ type entry struct {
 // subdirectory holding at least one object (found by walking it until the
 // first one) is a common prefix.
 func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
+	return d.explain(d.listDelimited(ctx, prefix, fn))
+}
+
+func (d *Driver) listDelimited(ctx context.Context, prefix string, fn func(backend.ObjectInfo) error) error {
 	if err := d.ensure(false); errors.Is(err, iofs.ErrNotExist) {
 		return ctx.Err()
 	} else if err != nil {
@@ -475,7 +501,10 @@ func (d *Driver) ListDelimited(ctx context.Context, prefix string, fn func(backe
 		if e.dir {
 			werr := d.walk(ctx, e.sortKey, e.sortKey, func(backend.ObjectInfo) error { return errFound })
 			switch {
-			case errors.Is(werr, errFound):
+			case errors.Is(werr, errFound), errors.Is(werr, iofs.ErrPermission):
+				// A subdirectory this process may not read is listed
+				// too: it may hold objects, and the caller meets the
+				// refusal, naming it, when it reads them.
 				if err := fn(backend.ObjectInfo{Key: e.sortKey, IsPrefix: true}); err != nil {
 					return err
 				}
@@ -589,6 +618,10 @@ func (d *Driver) object(key string) (backend.ObjectInfo, bool, error) {
 // error. Parent directories left empty are removed up to the root, best
 // effort.
 func (d *Driver) Delete(ctx context.Context, key string) error {
+	return d.explain(d.delete(ctx, key))
+}
+
+func (d *Driver) delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -613,6 +646,13 @@ func (d *Driver) Delete(ctx context.Context, key string) error {
 		}
 		return err
 	}
+	d.pruneParents(key)
+	return nil
+}
+
+// pruneParents removes the directories above key that are left empty, up
+// to the root, best effort.
+func (d *Driver) pruneParents(key string) {
 	for dir := path.Dir(key); dir != "." && dir != "/"; dir = path.Dir(dir) {
 		// Only real directories: removing a symbolic link to a directory
 		// would unlink the link itself.
@@ -624,7 +664,6 @@ func (d *Driver) Delete(ctx context.Context, key string) error {
 			break // not empty (or anything else): stop, best effort
 		}
 	}
-	return nil
 }
 
 // Capabilities implements backend.Driver.
@@ -656,6 +695,8 @@ func (d *Driver) ErrorCode(err error) backend.Code {
 		return backend.CodeAlreadyExists
 	case errors.Is(err, iofs.ErrPermission):
 		return backend.CodePermission
+	case d.refusalCode(err) != backend.CodeUnknown:
+		return d.refusalCode(err)
 	case errors.Is(err, syscall.EINTR), errors.Is(err, syscall.EAGAIN):
 		return backend.CodeTransient
 	}

@@ -58,6 +58,10 @@ func copyRun(cmd *cobra.Command, src, dst *backend.Store, entries []catalog.Entr
 	}
 	present := 0 // already committed at the destination
 	for _, e := range entries {
+		if e.Unreadable != "" {
+			skip(e.Name, "unreadable: "+e.Unreadable)
+			continue
+		}
 		if !e.Committed {
 			skip(e.Name, "uncommitted")
 			continue
@@ -146,7 +150,7 @@ or refused (exit 1) with --require-checksums.
 A committed checkpoint at DST is refused (exit 6, conflict) unless --force.
 SRC may be a run (a prefix holding step-NNNNNNNN checkpoints): each
 committed checkpoint that verifies is copied to DST/<its name>, oldest
-first; the others (uncommitted, not opening, failing verification, corrupt bytes found
+first; the others (uncommitted, unreadable, not opening, failing verification, corrupt bytes found
 while copying, or already committed at DST without --force) are skipped
 and named. It fails (exit 1) only when no checkpoint was copied and none
 was already at DST.

@@ -131,8 +131,10 @@ objects older than --grace that the metadata does not name (a save attempt
 that lost the commit to a concurrent writer, or one an overwrite replaced)
 are orphans and are removed too. Incomplete uploads under the run started
 more than --grace ago (parts of a save or copy that was killed: S3 multipart
-uploads, GCS resumable sessions recorded in .ckptkit-uploads/ markers) are
-listed and aborted.
+uploads, GCS resumable sessions recorded in .ckptkit-uploads/ markers, and
+on a file system the .ckptkit-tmp-* files of killed writers, by the time of
+their last write) are listed and aborted. A checkpoint storage refuses to
+read (a directory this user may not read) is kept.
 
 Each deletion removes the metadata object first, so an interrupted gc never
 leaves a committed-looking checkpoint with missing data, then the data

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 )
 
@@ -25,10 +27,13 @@ type checkpointJSON struct {
 	// gives none).
 	Modified       *time.Time `json:"modified,omitempty"`
 	ForeignObjects int        `json:"foreign_objects"`
+	// Unreadable is why storage refused to read the checkpoint (absent
+	// when it could).
+	Unreadable string `json:"unreadable,omitempty"`
 }
 
 func entryJSON(e catalog.Entry) checkpointJSON {
-	c := checkpointJSON{Name: e.Name, Step: e.Step, URL: e.URL, Committed: e.Committed, Format: e.Format, Objects: e.Objects, Bytes: e.Bytes, ForeignObjects: e.ForeignObjects}
+	c := checkpointJSON{Name: e.Name, Step: e.Step, URL: e.URL, Committed: e.Committed, Format: e.Format, Objects: e.Objects, Bytes: e.Bytes, ForeignObjects: e.ForeignObjects, Unreadable: e.Unreadable}
 	if !e.ModTime.IsZero() {
 		t := e.ModTime.UTC()
 		c.Modified = &t
@@ -41,6 +46,30 @@ type lsOutput struct {
 	header
 	URL         string           `json:"url"`
 	Checkpoints []checkpointJSON `json:"checkpoints"`
+	// Uploads counts the incomplete uploads under the run (temporary
+	// files of killed writers on a file system), absent where the
+	// backend cannot list them.
+	Uploads *uploadsJSON `json:"incomplete_uploads,omitempty"`
+}
+
+type uploadsJSON struct {
+	Count int   `json:"count"`
+	Bytes int64 `json:"bytes"`
+}
+
+// countUploads totals the incomplete uploads under run; nil when the
+// backend cannot list them.
+func countUploads(cmd *cobra.Command, run *backend.Store) (*uploadsJSON, error) {
+	u := &uploadsJSON{}
+	err := run.ListUploads(cmd.Context(), "", func(up backend.Upload) error {
+		u.Count++
+		u.Bytes += up.Size
+		return nil
+	})
+	if errors.Is(err, backend.ErrUnsupported) {
+		return nil, nil
+	}
+	return u, err
 }
 
 func newLsCmd() *cobra.Command {
@@ -51,7 +80,10 @@ func newLsCmd() *cobra.Command {
 		Long: `Lists the step-NNNNNNNN prefixes under RUN_URL, oldest step first, with one
 listing of the run: whether each is committed (and in which format), its
 objects, total size, the age of its newest object, and how many objects
-ckptkit did not write (gc never deletes such prefixes).
+ckptkit did not write (gc never deletes such prefixes). A checkpoint storage
+refuses to read (a directory this user may not read) is listed as
+unreadable with the reason. The count and size of incomplete uploads under
+the run follow (temporary files or parts of killed saves: gc removes them).
 A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 		Example: `  ckpt ls ./runs/demo
   ckpt ls s3://bucket/runs/demo --json`,
@@ -67,13 +99,17 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 			if err != nil {
 				return err
 			}
-			if len(es) == 0 {
+			ups, err := countUploads(cmd, run)
+			if err != nil {
+				return err
+			}
+			if len(es) == 0 && (ups == nil || ups.Count == 0) {
 				if err := requirePath(ctx, run); err != nil {
 					return err
 				}
 			}
 			if asJSON {
-				out := &lsOutput{URL: run.String(), Checkpoints: []checkpointJSON{}}
+				out := &lsOutput{URL: run.String(), Checkpoints: []checkpointJSON{}, Uploads: ups}
 				for _, e := range es {
 					out.Checkpoints = append(out.Checkpoints, entryJSON(e))
 				}
@@ -81,6 +117,13 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 				return nil
 			}
 			printLs(cmd.OutOrStdout(), run.String(), es, time.Now())
+			if ups != nil && ups.Count > 0 {
+				size := humanBytes(ups.Bytes)
+				if ups.Bytes == 0 {
+					size = "size not known" // S3 lists no part sizes, GCS sessions none
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d incomplete upload(s), %s: temporary files or parts of killed saves (`ckpt gc` removes those older than --grace)\n", ups.Count, size)
+			}
 			return nil
 		},
 	}
@@ -101,6 +144,10 @@ func printLs(w io.Writer, run string, es []catalog.Entry, now time.Time) {
 			state = "uncommitted"
 		}
 		var note []string
+		if e.Unreadable != "" {
+			state = "unreadable"
+			note = append(note, e.Unreadable)
+		}
 		if e.ForeignObjects > 0 {
 			note = append(note, fmt.Sprintf("%d foreign object(s)", e.ForeignObjects))
 		}

@@ -441,7 +441,11 @@ func worldSize(files map[string]int64) int {
 	return ws
 }
 
-// training infers the training-state record from key names.
+// training infers the training-state record from key names. As for the
+// native format, any key under the optimizer prefix means the optimizer
+// was saved: a save before the first optimizer step holds its param groups
+// ("optimizer.param_groups.<i>.*") and no state at all, every parameter
+// lazily absent, which a resume with the optimizer accepts.
 func training(c *metadata.Checkpoint) metadata.TrainingState {
 	ts := metadata.TrainingState{
 		Optimizer:       metadata.OptimizerNone,
@@ -450,7 +454,9 @@ func training(c *metadata.Checkpoint) metadata.TrainingState {
 	}
 	statePrefix := statedict.StatePrefix(OptimizerPrefix)
 	slots := map[string]bool{}
+	anyOpt := false
 	visit := func(key string) {
+		anyOpt = anyOpt || strings.HasPrefix(key, OptimizerPrefix+".")
 		if rest, ok := strings.CutPrefix(key, statePrefix); ok {
 			ts.OptimizerStateEntries++
 			if i := strings.LastIndexByte(rest, '.'); i >= 0 && i < len(rest)-1 {
@@ -467,7 +473,7 @@ func training(c *metadata.Checkpoint) metadata.TrainingState {
 	for _, b := range c.Bytes {
 		visit(b.Key)
 	}
-	if ts.OptimizerStateEntries > 0 {
+	if anyOpt {
 		ts.Optimizer = metadata.OptimizerSaved
 	}
 	for s := range slots {

@@ -93,6 +93,8 @@ func Decide(entries []catalog.Entry, newestValid string, p Policy, now time.Time
 		switch {
 		case e.Name == newestValid:
 			d.Reason = "newest valid checkpoint"
+		case e.Unreadable != "":
+			d.Reason = "unreadable (storage refuses to read it); kept: " + e.Unreadable
 		case e.ForeignObjects > 0:
 			d.Reason = fmt.Sprintf("holds %d object(s) ckptkit did not write", e.ForeignObjects)
 		case e.Committed && !ours:

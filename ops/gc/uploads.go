@@ -13,8 +13,9 @@ import (
 // uploads, GCS resumable sessions recorded by their markers) that were
 // started longer than grace before now: the parts of saves and copies
 // that were killed before they could abort their own uploads. Uploads of
-// unknown age are left alone. Backends that have no incomplete uploads
-// (fs, mem) give none.
+// unknown age are left alone. On a file system, the temporary files of
+// killed writers are the incomplete uploads (their age is that of their
+// last write). Backends that have no incomplete uploads (mem) give none.
 func FindUploads(ctx context.Context, run *backend.Store, grace time.Duration, now time.Time) ([]backend.Upload, error) {
 	out := []backend.Upload{}
 	err := run.ListUploads(ctx, "", func(u backend.Upload) error {

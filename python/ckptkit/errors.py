@@ -97,7 +97,9 @@ class NotFoundError(CheckpointError):
 
 
 class AccessError(CheckpointError):
-    """The credentials do not allow it."""
+    """The storage does not allow it: the credentials, file permissions, or
+    a file system that is read-only, full or over quota (the message names
+    the path and says what to do)."""
 
     default_cls = ACCESS
 

@@ -4,6 +4,7 @@
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,6 +197,54 @@ def test_newest_committed_checkpoint_is_chosen_and_killed_save_skipped(file_url,
     assert out.returncode == 0 and "step-00000003" in out.stdout, out.stdout + out.stderr
 
 
+def test_unreadable_checkpoint_is_skipped_and_never_a_fresh_start(file_url, tmp_path):
+    """Issue 30: a step directory this process may not read (mode 000, run
+    without CAP_DAC_OVERRIDE: root bypasses permissions) made resume fail
+    outright. It is skipped with its reason; with nothing readable left,
+    resume raises AccessError instead of starting over."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop CAP_DAC_OVERRIDE")
+    m, opt, sched = _trained()
+    save(file_url, m, opt, step=3, scheduler=sched)
+    train(m, opt, sched, 1)
+    save(file_url, m, opt, step=4, scheduler=sched)
+    run = file_url[len("file://"):]
+    script = tmp_path / "resume.py"
+    script.write_text(
+        "import json, os, sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[2])))\n"
+        "import ckptkit\n"
+        "from ckptkit.torch import resume\n"
+        "from models import make\n"
+        "m, opt, sched = make(seed=2)\n"
+        "try:\n"
+        "    rep = resume(sys.argv[1], m, opt, scheduler=sched)\n"
+        "    print(json.dumps({'step': None if rep is None else rep.step, 'skipped': [] if rep is None else rep.skipped}))\n"
+        "except ckptkit.AccessError as e:\n"
+        "    print(json.dumps({'access_error': str(e)}))\n"
+    )
+
+    def unprivileged():
+        r = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all",
+                            sys.executable, str(script), file_url, __file__], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    newest = os.path.join(run, "step-00000004")
+    os.chmod(newest, 0)
+    try:
+        got = unprivileged()
+        assert got.get("step") == 3, got
+        assert any("step-00000004" in s["url"] and "unreadable" in s["reason"] for s in got["skipped"]), got
+        os.chmod(os.path.join(run, "step-00000003"), 0)
+        got = unprivileged()
+        assert "access_error" in got and "unreadable" in got["access_error"], got
+    finally:
+        os.chmod(newest, 0o755)
+        os.chmod(os.path.join(run, "step-00000003"), 0o755)
+
+
 def test_metadata_read_once_per_resume(file_url, tmp_path):
     """Counted at the backend (CKPTKIT_IO_COUNT=1 in a fresh process): a
     resume from the run URL reads the chosen checkpoint's .metadata once, for
@@ -276,6 +325,31 @@ def test_torch_written_checkpoint_resumes(file_url):
     m2, opt2, sched2 = make(seed=8)
     rep = resume(file_url, m2, opt2, scheduler=sched2)
     assert rep.step == 3 and sorted(rep.lazy_params) == sorted(EXPERT1)
+    _train_on_identically(m, opt, sched, m2, opt2, sched2)
+
+
+@pytest.mark.parametrize("writer", ["ckptkit", "torch"])
+def test_checkpoint_saved_before_the_first_optimizer_step_resumes_with_the_optimizer(file_url, writer):
+    """Issue 30: a DCP checkpoint saved at step 0 (the optimizer's param
+    groups, no state yet) failed "no optimizer keys"; it resumes with the
+    optimizer, every parameter lazily absent, whether ckptkit.torch.save or
+    torch's own FileSystemWriter wrote it."""
+    m, opt, sched = make()
+    names = [n for n, _ in m.named_parameters()]
+    if writer == "ckptkit":
+        save(file_url, m, opt, step=0, scheduler=sched)
+    else:
+        # get_state_dict would initialise the state; this is its layout
+        # with the state still empty.
+        groups = [dict(g, params=names) for g in opt.state_dict()["param_groups"]]
+        dcp.save({"model": m.state_dict(), "optimizer": {"state": {}, "param_groups": groups},
+                  "scheduler": sched.state_dict(), "step": 0},
+                 storage_writer=dcp.FileSystemWriter(file_url[len("file://"):] + "/step-00000000"))
+    m2, opt2, sched2 = make(seed=8)
+    rep = resume(file_url, m2, opt2, scheduler=sched2)
+    assert rep.step == 0 and rep.optimizer_loaded
+    assert sorted(rep.lazy_params) == sorted(names)
+    assert not opt2.state
     _train_on_identically(m, opt, sched, m2, opt2, sched2)
 
 
