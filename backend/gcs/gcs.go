@@ -44,6 +44,7 @@ import (
 
 	"cloud.google.com/go/storage"
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/stall"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
@@ -124,7 +125,9 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 		base = http.DefaultTransport
 	}
 	hcCopy := *hc // a caller's client (option.WithHTTPClient) stays as it was
-	hcCopy.Transport = &sessionTransport{base: base}
+	// Under the session tracking, every request is watched for stalls
+	// (backend/stall), the markers' and cancellations' too.
+	hcCopy.Transport = &sessionTransport{base: stall.Wrap(base)}
 	client, err := storage.NewClient(ctx, append(copts, option.WithHTTPClient(&hcCopy))...)
 	if err != nil {
 		return nil, fmt.Errorf("gcs: client: %w", err)

@@ -32,9 +32,11 @@ package s3
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +51,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/stall"
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
@@ -79,8 +82,16 @@ const (
 )
 
 // abortTimeout bounds the clean-up of a failed multipart upload, which runs
-// on a fresh context because the caller's may already be cancelled.
+// on a fresh context because the caller's may already be cancelled, and
+// the start of one.
 const abortTimeout = 30 * time.Second
+
+// completeTimeout bounds the completion of a multipart upload, retries
+// included. S3 may take minutes to complete a large upload (it keeps the
+// connection alive meanwhile, so the stall deadline does not cut it); a
+// server that stopped answering is caught by the stall deadline long
+// before.
+const completeTimeout = 15 * time.Minute
 
 func init() {
 	backend.MustRegister(Scheme, open)
@@ -186,7 +197,7 @@ func New(bucket string, opts Options) (*Driver, error) {
 		Secure:          !opts.Insecure,
 		Region:          opts.Region,
 		BucketLookup:    lookup,
-		Transport:       schemeHint{tr},
+		Transport:       schemeHint{stall.Wrap(tr)},
 		TrailingHeaders: true,
 		// The Store owns retries (backend.RetryPolicy): one client-side
 		// attempt keeps the two layers from multiplying each other's.
@@ -605,17 +616,88 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	if opts.CRC32C != nil && full.Sum32() != *opts.CRC32C {
 		return fmt.Errorf("s3: put %s: body CRC32C %08x does not match the declared %08x", key, full.Sum32(), *opts.CRC32C)
 	}
-	copts := d.putOptions(opts)
-	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(full.Sum32()), "X-Amz-Checksum-Type": "FULL_OBJECT"}
-	// Completing is the commit: a cancellation from here on cannot be
-	// honoured (the server may complete a request the client gave up on),
-	// so it is not sent midway; the outcome is always known and reported.
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
-	defer ccancel()
-	if _, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts); err != nil {
+	if err := d.complete(ctx, key, uploadID, parts, size, full.Sum32(), opts); err != nil {
 		return fmt.Errorf("s3: put %s: complete multipart upload: %w", key, err)
 	}
 	return nil
+}
+
+// complete sends the CompleteMultipartUpload of an upload of size bytes
+// whose CRC32C is crc: the commit. It is retried on transient failures
+// with RetryWithin, under the Store's policy (the parts are stored, so a
+// retry costs one small request). A request is never cut by the caller's
+// cancellation midway (the server may complete a request the client
+// gave up on), only between attempts; a stalled one fails as stalled
+// (backend/stall), and the phase is bounded by completeTimeout.
+//
+// After an attempt whose outcome is unknown (its connection dropped, its
+// answer lost, a 5xx), the next one may find the upload completed: the
+// server answers NoSuchUpload, or, for create-if-absent, 412 because the
+// object now exists. The commit is then ours when the object holds our
+// bytes (committed): see there for why that check is sound.
+func (d *Driver) complete(ctx context.Context, key, uploadID string, parts []minio.CompletePart, size int64, crc uint32, opts backend.PutOptions) error {
+	copts := d.putOptions(opts)
+	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(crc), "X-Amz-Checksum-Type": "FULL_OBJECT"}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
+	defer cancel()
+	unknown := false // a previous attempt may have completed the upload
+	return backend.RetryWithin(ctx, d.ErrorCode, func() error {
+		_, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts)
+		if err != nil && unknown {
+			if ok, _ := d.committed(cctx, key, size, crc, parts); ok {
+				// An upload a failed attempt did not complete (a 412 from
+				// another writer's identical object) is not left behind.
+				if aerr := d.core.AbortMultipartUpload(cctx, d.bucket, key, uploadID); aerr != nil && minio.ToErrorResponse(aerr).Code != minio.NoSuchUpload {
+					return fmt.Errorf("the object is committed, but the abort of upload %s failed: %w", uploadID, aerr)
+				}
+				return nil
+			}
+		}
+		unknown = err != nil
+		return err
+	})
+}
+
+// committed reports whether key holds the object an upload of size bytes
+// with CRC32C crc and these parts completes into. The server stores the
+// FULL_OBJECT CRC32C the completion carried (and checked it against the
+// parts), so an object of the same size and CRC32C holds our bytes unless
+// another writer stored different bytes of the same length at the same
+// key with a colliding CRC (a chance of 2^-32, and only under a concurrent
+// writer, whose commit would have been a conflict anyway). A server that
+// keeps no whole-object CRC32C is asked for the multipart ETag instead:
+// the MD5 of the parts' MD5s and the part count, which is the object's
+// only if its parts are ours. Without either nothing is recognised, and
+// the failure stands.
+func (d *Driver) committed(ctx context.Context, key string, size int64, crc uint32, parts []minio.CompletePart) (bool, error) {
+	info, err := d.client.StatObject(ctx, d.bucket, key, minio.StatObjectOptions{Checksum: true})
+	if err != nil {
+		return false, err
+	}
+	if info.Size != size {
+		return false, nil
+	}
+	if !strings.EqualFold(info.ChecksumMode, "COMPOSITE") {
+		if got := decodeCRC32C(info.ChecksumCRC32C); got != nil {
+			return *got == crc, nil
+		}
+	}
+	want, ok := multipartETag(parts)
+	return ok && strings.EqualFold(strings.Trim(info.ETag, `"`), want), nil
+}
+
+// multipartETag is the ETag S3 gives an object completed from parts (when
+// their ETags are MD5s): hex(MD5(MD5(part 1) ... MD5(part N)))-N.
+func multipartETag(parts []minio.CompletePart) (string, bool) {
+	h := md5.New()
+	for _, p := range parts {
+		b, err := hex.DecodeString(strings.Trim(p.ETag, `"`))
+		if err != nil || len(b) != md5.Size {
+			return "", false
+		}
+		h.Write(b)
+	}
+	return fmt.Sprintf("%x-%d", h.Sum(nil), len(parts)), true
 }
 
 // WaitAborts waits for the background re-aborts of failed multipart

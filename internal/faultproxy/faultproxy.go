@@ -3,12 +3,14 @@
 // requests it sees and answers chosen ones with an error status itself, or
 // breaks their connection (reset before the response, truncated headers, a
 // body cut short), so tests can count at the server how often a client
-// retried and see how it classifies transport failures.
+// retried and see how it classifies transport failures, or stalls them
+// (accepts a request and answers nothing, as a stopped server does).
 package faultproxy
 
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -65,6 +67,14 @@ const (
 	// the client sees an unexpected EOF after the server has, say,
 	// committed an object.
 	CutBody
+	// Stall accepts the request and then sends nothing and reads nothing
+	// more, as a stopped (SIGSTOPped) server does: the client waits until
+	// it gives up. The server never sees the request.
+	Stall
+	// StallResponse forwards the request (the server acts on it) and then
+	// sends nothing: the client waits for an answer that never comes
+	// after the server has, say, committed an object.
+	StallResponse
 )
 
 // Proxy is a running fault-injecting proxy.
@@ -74,6 +84,8 @@ type Proxy struct {
 	rules  []*Rule
 	counts map[*Rule]int
 	failed map[*Rule]int
+	// stalled are the connections of stalled requests, closed by Close.
+	stalled []net.Conn
 }
 
 // New starts a proxy forwarding to target ("http://host:port").
@@ -97,6 +109,10 @@ func New(target string) (*Proxy, error) {
 	// computed for it.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rule, delay := p.match(r)
+		if rule != nil && (rule.Break == Stall || rule.Break == StallResponse) {
+			p.stall(w, r, rp, rule.Break)
+			return
+		}
 		if rule != nil && rule.Break != NoBreak {
 			breakConn(w, r, rp, rule.Break)
 			return
@@ -184,6 +200,30 @@ func breakConn(w http.ResponseWriter, r *http.Request, rp http.Handler, b Break)
 	_ = conn.Close()
 }
 
+// stall holds r's connection open without answering (after forwarding r
+// for StallResponse) until the client closes it or the proxy closes.
+func (p *Proxy) stall(w http.ResponseWriter, r *http.Request, rp http.Handler, b Break) {
+	if b == StallResponse {
+		rp.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	p.mu.Lock()
+	p.stalled = append(p.stalled, conn)
+	p.mu.Unlock()
+	if b == StallResponse {
+		// The request was read whole: a read now sees the client close.
+		go func() {
+			_, _ = io.Copy(io.Discard, conn)
+			_ = conn.Close()
+		}()
+	}
+	// A Stall reads nothing more (the client's writes back up, as they
+	// do to a stopped process); its connection stays until Close.
+}
+
 // delayedWriter holds a forwarded response back before its header.
 type delayedWriter struct {
 	http.ResponseWriter
@@ -233,5 +273,13 @@ func (p *Proxy) Clear() {
 // Host returns the proxy's host:port.
 func (p *Proxy) Host() string { return p.srv.Listener.Addr().String() }
 
-// Close stops the proxy.
-func (p *Proxy) Close() { p.srv.Close() }
+// Close stops the proxy, closing the connections it stalled.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	for _, c := range p.stalled {
+		_ = c.Close()
+	}
+	p.stalled = nil
+	p.mu.Unlock()
+	p.srv.Close()
+}
