@@ -50,10 +50,11 @@ type StallError struct {
 	Waited time.Duration
 }
 
-// Error implements error.
+// Error implements error. It does not repeat Request: net/http's
+// *url.Error around it names the request already.
 func (e *StallError) Error() string {
-	return fmt.Sprintf("%s: storage stalled: no progress for %s while %s (stall timeout: URL option %s or %s)",
-		e.Request, e.Waited, e.Waiting, StallTimeoutOption, StallTimeoutEnv)
+	return fmt.Sprintf("storage stalled: no progress for %s while %s (stall timeout: URL option %s or %s)",
+		e.Waited, e.Waiting, StallTimeoutOption, StallTimeoutEnv)
 }
 
 // Is makes a StallError match ErrTransient and, through it, the ckpterr
@@ -65,10 +66,11 @@ func (e *StallError) Timeout() bool { return true }
 
 type stallKey struct{}
 
-// withStall returns ctx carrying the stall timeout d of the Store call it
-// belongs to (0: none).
-func withStall(ctx context.Context, d time.Duration) context.Context {
-	return context.WithValue(ctx, stallKey{}, d)
+// ContextWithStallTimeout returns ctx carrying the stall timeout d (0:
+// none) for the requests made under it. Every Store call puts its store's
+// there; a caller of a driver without a Store can too.
+func ContextWithStallTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, stallKey{}, max(d, 0))
 }
 
 // StallTimeout returns the stall timeout of the Store call ctx belongs to,

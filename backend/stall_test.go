@@ -60,5 +60,5 @@ func TestStallErrorIsTransient(t *testing.T) {
 	assert.ErrorIs(t, err, backend.ErrTransient)
 	assert.Equal(t, ckpterr.Transient, ckpterr.ClassOf(err))
 	assert.Equal(t, backend.CodeTransient, backend.CodeOf(err))
-	assert.Contains(t, err.Error(), "PUT http://host/bucket/key: storage stalled: no progress for 2s while waiting for the response")
+	assert.Contains(t, err.Error(), "storage stalled: no progress for 2s while waiting for the response")
 }

@@ -205,7 +205,7 @@ func (s *Store) withBudget(ctx context.Context) (context.Context, *budget) {
 	if s.retry.Budget > 0 {
 		b.deadline = time.Now().Add(s.retry.Budget)
 	}
-	return withStall(context.WithValue(ctx, budgetKey{}, b), s.stall), b
+	return ContextWithStallTimeout(context.WithValue(ctx, budgetKey{}, b), s.stall), b
 }
 
 // NewRangeReader opens length bytes of key from offset (length < 0: to the

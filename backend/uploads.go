@@ -48,7 +48,7 @@ func (s *Store) ListUploads(ctx context.Context, prefix string, fn func(Upload) 
 		return &Error{Op: "list uploads", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
 	}
 	// Not retried: entries may have been delivered before a failure.
-	ctx = withStall(ctx, s.stall)
+	ctx = ContextWithStallTimeout(ctx, s.stall)
 	var fnErr error
 	err = ul.ListUploads(ctx, s.prefix+p, func(u Upload) error {
 		u.Key = strings.TrimPrefix(u.Key, s.prefix)

@@ -337,16 +337,30 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		cancel() // abandons the upload; nothing is published
 		_ = w.Close()
 		_ = tr.done(ctx, true) // best effort: gc aborts what is left
-		return fmt.Errorf("gcs: put %s: %w", key, err)
+		return fmt.Errorf("gcs: put %s: %w", key, hideSession(err))
 	}
 	if err := w.Close(); err != nil {
 		_ = tr.done(ctx, true)
-		return fmt.Errorf("gcs: put %s: %w", key, err)
+		return fmt.Errorf("gcs: put %s: %w", key, hideSession(err))
 	}
 	// The object is published; a marker that cannot be deleted now is
 	// left to gc (cancelling a finalized session is a no-op).
 	_ = tr.done(ctx, false)
 	return nil
+}
+
+// hideSession keeps a resumable session URI out of err's message: a
+// request on a session that failed in transport (a reset, a stall) comes
+// back as a *url.Error naming the URI, whose upload_id authorises uploads
+// to the object. The URL is cut at its query; the chain is unchanged.
+func hideSession(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if base, q, ok := strings.Cut(ue.URL, "?"); ok && strings.Contains(q, "upload_id") {
+			ue.URL = base + "?upload_id=REDACTED"
+		}
+	}
+	return err
 }
 
 // ErrorCode implements backend.Driver. It classifies by the storage

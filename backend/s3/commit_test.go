@@ -3,6 +3,7 @@ package s3_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -47,7 +48,7 @@ func TestCompleteDroppedIsRetriedAndRecognised(t *testing.T) {
 			creates := p.Add(&faultproxy.Rule{Match: isCreateUpload, Fail: func(int) bool { return false }})
 			data := randomBytes(12 << 20)
 			ctx := context.Background()
-			src := struct{ *bytes.Reader }{bytes.NewReader(data)} // no Seek: the Store cannot restart the Put
+			src := struct{ io.Reader }{bytes.NewReader(data)} // no Seek: the Store cannot restart the Put
 			require.NoError(t, st.Put(ctx, "big", int64(len(data)), src, backend.PutOptions{IfNotExists: ifNotExists}))
 			assert.Equal(t, 1, p.Failed(complete), "the first completion failed")
 			assert.Equal(t, 2, p.Count(complete), "completions sent")
@@ -63,6 +64,43 @@ func TestCompleteDroppedIsRetriedAndRecognised(t *testing.T) {
 		})
 	}
 }
+
+// noSuchUpload is the answer of S3 to a completion of an upload it does
+// not know (any more).
+const noSuchUpload = `<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchUpload</Code><Message>The specified upload does not exist.</Message></Error>`
+
+// versitygw, like AWS for a while, answers a repeated completion of an
+// upload it completed with success; a server that has forgotten the upload
+// answers NoSuchUpload (404), and a create-if-absent retry may meet 412.
+// Here the proxy gives those answers to the retry of a completion whose
+// answer was lost after the server acted: the object is recognised by its
+// size and whole-object CRC32C as the commit of the lost attempt.
+func TestCompleteRetryAnsweredUploadGoneIsRecognised(t *testing.T) {
+	for name, answer := range map[string]struct {
+		status int
+		body   string
+	}{
+		"NoSuchUpload": {http.StatusNotFound, noSuchUpload},
+		"412":          {http.StatusPreconditionFailed, preconditionFailed},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st, p := proxiedStore(t, "part_size", "5MiB", "multipart_threshold", "5MiB")
+			complete := p.Add(&faultproxy.Rule{Match: isComplete, Fail: func(n int) bool { return n < 2 },
+				Breaks: []faultproxy.Break{faultproxy.CutBody, faultproxy.NoBreak}, Status: answer.status, Body: answer.body})
+			data := randomBytes(12 << 20)
+			ctx := context.Background()
+			require.NoError(t, st.Put(ctx, "big", int64(len(data)), struct{ io.Reader }{bytes.NewReader(data)}, backend.PutOptions{IfNotExists: true}))
+			assert.Equal(t, 2, p.Count(complete), "the lost completion and its retry")
+			p.Clear()
+			got, err := st.ReadAll(ctx, "big", 0)
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(data, got))
+			noIncompleteUploads(t, st)
+		})
+	}
+}
+
+const preconditionFailed = `<?xml version="1.0" encoding="UTF-8"?><Error><Code>PreconditionFailed</Code><Message>At least one of the pre-conditions you specified did not hold</Message></Error>`
 
 // A completion that finds another writer's object at the key is not
 // mistaken for ours: after a lost answer, the create-if-absent retry meets
@@ -88,7 +126,7 @@ func TestCompleteRetryDoesNotClaimAnotherObject(t *testing.T) {
 		return n == 0
 	}, Break: faultproxy.Reset})
 	data := randomBytes(12 << 20)
-	err = st.Put(ctx, "big", int64(len(data)), struct{ *bytes.Reader }{bytes.NewReader(data)}, backend.PutOptions{IfNotExists: true})
+	err = st.Put(ctx, "big", int64(len(data)), struct{ io.Reader }{bytes.NewReader(data)}, backend.PutOptions{IfNotExists: true})
 	require.ErrorIs(t, err, backend.ErrAlreadyExists)
 	p.Clear()
 	got, err := st.ReadAll(ctx, "big", 0)

@@ -32,11 +32,9 @@ package s3
 import (
 	"bytes"
 	"context"
-	"crypto/md5"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -644,7 +642,7 @@ func (d *Driver) complete(ctx context.Context, key, uploadID string, parts []min
 	return backend.RetryWithin(ctx, d.ErrorCode, func() error {
 		_, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts)
 		if err != nil && unknown {
-			if ok, _ := d.committed(cctx, key, size, crc, parts); ok {
+			if d.committed(cctx, key, size, crc) {
 				// An upload a failed attempt did not complete (a 412 from
 				// another writer's identical object) is not left behind.
 				if aerr := d.core.AbortMultipartUpload(cctx, d.bucket, key, uploadID); aerr != nil && minio.ToErrorResponse(aerr).Code != minio.NoSuchUpload {
@@ -659,45 +657,24 @@ func (d *Driver) complete(ctx context.Context, key, uploadID string, parts []min
 }
 
 // committed reports whether key holds the object an upload of size bytes
-// with CRC32C crc and these parts completes into. The server stores the
-// FULL_OBJECT CRC32C the completion carried (and checked it against the
-// parts), so an object of the same size and CRC32C holds our bytes unless
-// another writer stored different bytes of the same length at the same
-// key with a colliding CRC (a chance of 2^-32, and only under a concurrent
-// writer, whose commit would have been a conflict anyway). A server that
-// keeps no whole-object CRC32C is asked for the multipart ETag instead:
-// the MD5 of the parts' MD5s and the part count, which is the object's
-// only if its parts are ours. Without either nothing is recognised, and
-// the failure stands.
-func (d *Driver) committed(ctx context.Context, key string, size int64, crc uint32, parts []minio.CompletePart) (bool, error) {
+// with CRC32C crc completes into. The server stores the FULL_OBJECT
+// CRC32C the completion carried (it checked it against the parts and
+// reports it to a HEAD with checksum mode), so an object of the same size
+// and CRC32C holds our bytes unless another writer stored different bytes
+// of the same length at the key with a colliding CRC: a 2^-32 chance, and
+// only under a concurrent writer of the same key, whose commit would have
+// been a conflict anyway. Another writer's identical bytes are the same
+// object. An ETag cannot serve: servers compute multipart ETags
+// differently (versitygw gives a plain MD5, AWS an MD5 of MD5s with the
+// part count, an encrypted object a random one). A server that keeps no
+// whole-object CRC32C gets nothing recognised: the failure stands.
+func (d *Driver) committed(ctx context.Context, key string, size int64, crc uint32) bool {
 	info, err := d.client.StatObject(ctx, d.bucket, key, minio.StatObjectOptions{Checksum: true})
-	if err != nil {
-		return false, err
+	if err != nil || info.Size != size || strings.EqualFold(info.ChecksumMode, "COMPOSITE") {
+		return false
 	}
-	if info.Size != size {
-		return false, nil
-	}
-	if !strings.EqualFold(info.ChecksumMode, "COMPOSITE") {
-		if got := decodeCRC32C(info.ChecksumCRC32C); got != nil {
-			return *got == crc, nil
-		}
-	}
-	want, ok := multipartETag(parts)
-	return ok && strings.EqualFold(strings.Trim(info.ETag, `"`), want), nil
-}
-
-// multipartETag is the ETag S3 gives an object completed from parts (when
-// their ETags are MD5s): hex(MD5(MD5(part 1) ... MD5(part N)))-N.
-func multipartETag(parts []minio.CompletePart) (string, bool) {
-	h := md5.New()
-	for _, p := range parts {
-		b, err := hex.DecodeString(strings.Trim(p.ETag, `"`))
-		if err != nil || len(b) != md5.Size {
-			return "", false
-		}
-		h.Write(b)
-	}
-	return fmt.Sprintf("%x-%d", h.Sum(nil), len(parts)), true
+	got := decodeCRC32C(info.ChecksumCRC32C)
+	return got != nil && *got == crc
 }
 
 // WaitAborts waits for the background re-aborts of failed multipart

@@ -1,9 +1,10 @@
 // Package stall fails HTTP requests to storage that make no progress: an
 // http.RoundTripper that the S3 and GCS drivers put under their SDKs.
 //
-// A request makes progress when a byte of it goes out (the transport
-// takes the next piece of its body) or a byte of its answer comes in (the
-// response header, a piece of its body). One that goes without progress
+// A request makes progress when it gets its connection, when a byte of it
+// goes out (the transport takes the next piece of its body, or has
+// written it all) or a byte of its answer comes in (the response header,
+// a piece of its body). One that goes without progress
 // for the stall timeout of the Store call it belongs to
 // (backend.StallTimeout of its context) is cancelled and fails with a
 // *backend.StallError naming the request, what it waited for and how
@@ -17,6 +18,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"time"
 
@@ -37,8 +39,13 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	u := *req.URL
 	u.RawQuery, u.Fragment, u.User = "", "", nil
-	w := &watch{d: d, cancel: cancel, request: req.Method + " " + u.String(), waiting: "sending the request"}
+	w := &watch{d: d, cancel: cancel, request: req.Method + " " + u.String(), waiting: "connecting"}
 	w.timer = time.AfterFunc(d, w.fire) // connecting and sending the header count
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:              func(httptrace.GotConnInfo) { w.progress("sending the request") },
+		WroteRequest:         func(httptrace.WroteRequestInfo) { w.progress("waiting for the response") },
+		GotFirstResponseByte: func() { w.progress("receiving the response header") },
+	})
 	r := req.WithContext(ctx)
 	if req.Body != nil && req.Body != http.NoBody {
 		r.Body = &requestBody{rc: req.Body, w: w}
@@ -130,11 +137,7 @@ type requestBody struct {
 func (b *requestBody) Read(p []byte) (int, error) {
 	b.w.pause("")
 	n, err := b.rc.Read(p)
-	if err == io.EOF {
-		b.w.progress("waiting for the response")
-	} else {
-		b.w.progress("sending the request body")
-	}
+	b.w.progress("sending the request body")
 	return n, err
 }
 

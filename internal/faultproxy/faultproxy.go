@@ -45,6 +45,17 @@ type Rule struct {
 	// Break, when set, fails a request by breaking its connection instead
 	// of answering with Status.
 	Break Break
+	// Breaks, when set, replaces Break: the n-th request the rule fails
+	// (from 0) breaks the way Breaks[n%len(Breaks)] says.
+	Breaks []Break
+}
+
+// breakOf returns how the rule fails its n-th failed request.
+func (r *Rule) breakOf(n int) Break {
+	if len(r.Breaks) > 0 {
+		return r.Breaks[n%len(r.Breaks)]
+	}
+	return r.Break
 }
 
 // Break is a way of failing a request at the transport level.
@@ -108,13 +119,13 @@ func New(target string) (*Proxy, error) {
 	// The Host header stays the proxy's: request signatures (S3 SigV4) were
 	// computed for it.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rule, delay := p.match(r)
-		if rule != nil && (rule.Break == Stall || rule.Break == StallResponse) {
-			p.stall(w, r, rp, rule.Break)
+		rule, b, delay := p.match(r)
+		if b == Stall || b == StallResponse {
+			p.stall(w, r, rp, b)
 			return
 		}
-		if rule != nil && rule.Break != NoBreak {
-			breakConn(w, r, rp, rule.Break)
+		if b != NoBreak {
+			breakConn(w, r, rp, b)
 			return
 		}
 		if rule != nil {
@@ -136,12 +147,14 @@ func New(target string) (*Proxy, error) {
 	return p, nil
 }
 
-// match counts r against the rules and returns the rule that fails it,
-// and the longest Delay of the matching rules that do not.
-func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
+// match counts r against the rules and returns the rule that fails it
+// and how (NoBreak: with the rule's Status), and the longest Delay of the
+// matching rules that do not.
+func (p *Proxy) match(r *http.Request) (*Rule, Break, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var fail *Rule
+	var b Break
 	var delay time.Duration
 	for _, rule := range p.rules {
 		if !rule.Match(r) {
@@ -156,13 +169,14 @@ func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
 		n := p.counts[rule]
 		p.counts[rule]++
 		if fail == nil && (rule.Fail == nil || rule.Fail(n)) {
+			b = rule.breakOf(p.failed[rule])
 			p.failed[rule]++
 			fail = rule
 			continue
 		}
 		delay = max(delay, rule.Delay)
 	}
-	return fail, delay
+	return fail, b, delay
 }
 
 // breakConn fails r by breaking its connection the way b says.

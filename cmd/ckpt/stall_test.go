@@ -1,0 +1,56 @@
+package main
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/metadata"
+)
+
+// Regression (issue 30 item 2): with the S3 server stopped (SIGSTOP) in
+// the middle of a run, `ckpt train` exited 130, as if interrupted, after
+// 93 s though no signal was sent: a bound the S3 driver puts on its own
+// requests ran out and the context error read as a cancellation. Now a
+// request without progress for the stall timeout (here 1 s, from
+// CKPTKIT_STALL_TIMEOUT) fails as stalled, is retried as transient, and
+// the run exits 5 naming the object and how long it waited. The server is
+// "stopped" by a proxy that, once the first checkpoint is committed,
+// accepts every request and answers nothing.
+func TestStalledStorageExitsTransient(t *testing.T) {
+	raw := cloudURL(t, "CKPTKIT_TEST_S3_URL")
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	p, err := faultproxy.New("http://" + u.Query().Get("endpoint"))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	q := u.Query()
+	q.Set("endpoint", p.Host())
+	u.RawQuery = q.Encode()
+	var stopped atomic.Bool
+	stalled := p.Add(&faultproxy.Rule{Match: func(*http.Request) bool { return stopped.Load() }, Break: faultproxy.Stall})
+	p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool {
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/"+metadata.ObjectKey) {
+			stopped.Store(true) // this commit passes; every later request stalls
+		}
+		return false
+	}})
+	t.Setenv(backend.StallTimeoutEnv, "1s")
+	start := time.Now()
+	cmd, _, errb := startCkpt(t, "train", "--url", u.String(), "--steps", "50", "--save-every", "1", "--ranks", "2")
+	code := exitStatus(t, cmd)
+	elapsed := time.Since(start)
+	t.Logf("exit %d after %s, %d requests stalled; stderr:\n%s", code, elapsed.Round(time.Millisecond), p.Count(stalled), errb)
+	require.Equal(t, 5, code, "a stalled server is transient (exit 5), not an interrupt: %s", errb)
+	require.NotContains(t, errb.String(), "SIGINT")
+	require.Contains(t, errb.String(), "no progress for 1s")
+	require.Contains(t, errb.String(), strings.SplitN(raw, "?", 2)[0], "the message names the object's URL")
+	require.GreaterOrEqual(t, p.Count(stalled), backend.DefaultRetryPolicy.Attempts, "the stalled request was retried")
+}
