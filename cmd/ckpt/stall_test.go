@@ -17,13 +17,16 @@ import (
 
 // Regression (issue 30 item 2): with the S3 server stopped (SIGSTOP) in
 // the middle of a run, `ckpt train` exited 130, as if interrupted, after
-// 93 s though no signal was sent: a bound the S3 driver puts on its own
-// requests ran out and the context error read as a cancellation. Now a
-// request without progress for the stall timeout (here 1 s, from
-// CKPTKIT_STALL_TIMEOUT) fails as stalled, is retried as transient, and
-// the run exits 5 naming the object and how long it waited. The server is
-// "stopped" by a proxy that, once the first checkpoint is committed,
-// accepts every request and answers nothing.
+// 93 s though no signal was sent. The S3 driver bounds the start of a
+// multipart upload (and its completion, and its abort) by 30 s of its own;
+// a stopped server ran that bound out, the context error was classed as
+// a cancellation, and cancellation is exit 130. Now a request without
+// progress for the stall timeout (here 1 s, from CKPTKIT_STALL_TIMEOUT)
+// fails as stalled, is retried as transient, and the run exits 5 naming
+// the object and how long it waited. The server "stops" at the first
+// CreateMultipartUpload after the first checkpoint is committed: a proxy
+// accepts that request and every later one and answers nothing. (On the
+// code before the fix this test exits 130 after 30 s.)
 func TestStalledStorageExitsTransient(t *testing.T) {
 	raw := cloudURL(t, "CKPTKIT_TEST_S3_URL")
 	u, err := url.Parse(raw)
@@ -33,18 +36,25 @@ func TestStalledStorageExitsTransient(t *testing.T) {
 	t.Cleanup(p.Close)
 	q := u.Query()
 	q.Set("endpoint", p.Host())
+	q.Set("part_size", "5MiB")
+	q.Set("multipart_threshold", "5MiB")
 	u.RawQuery = q.Encode()
-	var stopped atomic.Bool
-	stalled := p.Add(&faultproxy.Rule{Match: func(*http.Request) bool { return stopped.Load() }, Break: faultproxy.Stall})
+	var committed, stopped atomic.Bool
+	stalled := p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool {
+		if committed.Load() && r.Method == http.MethodPost && r.URL.Query().Has("uploads") {
+			stopped.Store(true)
+		}
+		return stopped.Load()
+	}, Break: faultproxy.Stall})
 	p.Add(&faultproxy.Rule{Match: func(r *http.Request) bool {
 		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/"+metadata.ObjectKey) {
-			stopped.Store(true) // this commit passes; every later request stalls
+			committed.Store(true)
 		}
 		return false
 	}})
 	t.Setenv(backend.StallTimeoutEnv, "1s")
 	start := time.Now()
-	cmd, _, errb := startCkpt(t, "train", "--url", u.String(), "--steps", "50", "--save-every", "1", "--ranks", "2")
+	cmd, _, errb := startCkpt(t, "train", "--url", u.String(), "--steps", "50", "--save-every", "1", "--state-size", "12MiB")
 	code := exitStatus(t, cmd)
 	elapsed := time.Since(start)
 	t.Logf("exit %d after %s, %d requests stalled; stderr:\n%s", code, elapsed.Round(time.Millisecond), p.Count(stalled), errb)
