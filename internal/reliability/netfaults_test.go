@@ -234,7 +234,7 @@ func TestStalledServer(t *testing.T) {
 }
 
 func stalledCycles(t *testing.T, srv netServer) {
-	n := size(50, 4)
+	n := size(50, 3)
 	ctx := context.Background()
 	run, p := srv.open(t)
 	stall := p.Add(&faultproxy.Rule{Match: func(*http.Request) bool { return rand.IntN(30) == 0 },
