@@ -9,6 +9,10 @@
 //	            multiple of 256KiB, at most 2GiB); objects larger than one
 //	            chunk go through a resumable upload
 //
+// and the Store's own stall_timeout (backend.StallTimeoutOption), which
+// backend.Open takes out before the driver sees the URL: every request is
+// watched for stalls (backend/stall).
+//
 // Sizes follow the one unit rule of internal/bytesize: a plain number is
 // bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000.
 //

@@ -14,6 +14,10 @@
 //	concurrency          parts in flight per upload (default 8)
 //	multipart_threshold  objects larger than this use multipart uploads (default 64MiB)
 //
+// and the Store's own stall_timeout (backend.StallTimeoutOption), which
+// backend.Open takes out before the driver sees the URL: every request is
+// watched for stalls (backend/stall).
+//
 // Sizes follow the one unit rule of internal/bytesize: a plain number is
 // bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000 (so
 // part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
