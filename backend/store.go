@@ -160,8 +160,8 @@ func (s *Store) wrap(ctx context.Context, op, key string, err error) error {
 	if code == CodeUnknown {
 		code = CodeOf(err)
 	}
-	if code == CodeCanceled && ctx.Err() == nil {
-		// A context error while the caller's context is live is a bound a
+	if code == CodeCanceled && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// A deadline while the caller's context is live is a bound a
 		// driver put on one of its own requests (a multipart upload's
 		// start, its completion, a clean-up) running out: storage was too
 		// slow, nobody cancelled anything. Classed as a cancellation it
