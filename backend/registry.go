@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 )
@@ -100,6 +101,11 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if !ok {
 		return nil, fmt.Errorf("open %s: %w %q (registered schemes: %s)", RedactURL(rawURL), ErrUnknownScheme, u.Scheme, strings.Join(Schemes(), ", "))
 	}
+	rawQuery := u.RawQuery // with the store's own options, for the URLs it prints
+	stall, err := takeStallTimeout(u)
+	if err != nil {
+		return nil, ckpterr.WithClass(fmt.Errorf("open %s: %w", RedactURL(rawURL), err), ckpterr.Usage)
+	}
 	drv, prefix, err := o(ctx, u)
 	if err != nil {
 		err = fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
@@ -126,8 +132,27 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		drv.Close()
 		return nil, fmt.Errorf("open %s: %w", RedactURL(u.String()), err)
 	}
-	st.query = NonSecretQuery(u.RawQuery)
+	st.query = NonSecretQuery(rawQuery)
+	st.stall = stall
 	return st, nil
+}
+
+// takeStallTimeout returns the stall timeout of a store opened at u: its
+// stall_timeout option, else StallTimeoutEnv, else DefaultStallTimeout.
+// The option is the Store's, not a driver's: it is taken out of u's query
+// before the opener, which refuses options it does not know, sees it.
+func takeStallTimeout(u *url.URL) (time.Duration, error) {
+	q := u.Query()
+	if !q.Has(StallTimeoutOption) {
+		return stallTimeoutFromEnv()
+	}
+	d, err := ParseStallTimeout(q.Get(StallTimeoutOption))
+	if err != nil {
+		return 0, fmt.Errorf("URL option %s: %w", StallTimeoutOption, err)
+	}
+	q.Del(StallTimeoutOption)
+	u.RawQuery = q.Encode()
+	return d, nil
 }
 
 // NonSecretQuery returns rawQuery without the options whose names suggest

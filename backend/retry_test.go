@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/mem"
+	"github.com/ckptkit/ckptkit/ckpterr"
 )
 
 var errFlaky = errors.New("flaky: 503 slow down")
@@ -190,4 +192,50 @@ func TestFailedAttemptsLateReadDoesNotStealTheRetrysBytes(t *testing.T) {
 			require.Equal(t, data, got)
 		})
 	}
+}
+
+// selfBounded is a driver that bounds its own requests, as the S3 driver
+// bounds the start of a multipart upload on a context of its own: its Put
+// waits for a bound of d and fails with that context's error.
+type selfBounded struct {
+	backend.Driver
+	d     time.Duration
+	calls atomic.Int32
+}
+
+func (s *selfBounded) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	s.calls.Add(1)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.d)
+	defer cancel()
+	select {
+	case <-bctx.Done():
+		return fmt.Errorf("start upload of %s: %w", key, bctx.Err())
+	case <-ctx.Done():
+		return fmt.Errorf("start upload of %s: %w", key, ctx.Err())
+	}
+}
+
+// Regression (issue 30 item 2): with the S3 server stopped mid-save, a
+// request bounded by a deadline of the driver's own ran out, the context
+// error was classed as a cancellation, and `ckpt train` exited 130 as if
+// interrupted though no signal was sent. A driver's own bound running out
+// while the caller's context is live is transient (retried, exit 5); a
+// cancellation by the caller stays a cancellation.
+func TestDriversOwnDeadlineIsTransientNotCancellation(t *testing.T) {
+	d := &selfBounded{Driver: mem.New(), d: time.Millisecond}
+	st, err := backend.NewStore(d, "mem://bounded", "")
+	require.NoError(t, err)
+	st = st.WithRetry(backend.RetryPolicy{Attempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
+	err = st.PutBytes(context.Background(), "k", []byte("v"), backend.PutOptions{})
+	require.ErrorIs(t, err, backend.ErrTransient)
+	require.Equal(t, ckpterr.Transient, ckpterr.ClassOf(err), "%v", err)
+	require.NotErrorIs(t, err, ckpterr.ErrCanceled)
+	require.Equal(t, int32(3), d.calls.Load(), "retried under the policy")
+	require.Contains(t, err.Error(), "mem://bounded/k")
+
+	d.d = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(10*time.Millisecond, cancel)
+	err = st.PutBytes(ctx, "k", []byte("v"), backend.PutOptions{})
+	require.Equal(t, ckpterr.Canceled, ckpterr.ClassOf(err), "%v", err)
 }

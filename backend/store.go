@@ -53,6 +53,7 @@ type Store struct {
 	prefix string // "" or ends with "/"
 	query  string // the URL's query without credential-like options, or ""
 	retry  RetryPolicy
+	stall  time.Duration // no-progress deadline of one request (0: none)
 }
 
 // NewStore wraps drv. baseURL names the driver's root in messages (it is
@@ -66,7 +67,7 @@ func NewStore(drv Driver, baseURL, prefix string) (*Store, error) {
 	if !strings.HasSuffix(base, "://") {
 		base = strings.TrimSuffix(base, "/")
 	}
-	return &Store{drv: drv, base: base, prefix: p, retry: DefaultRetryPolicy}, nil
+	return &Store{drv: drv, base: base, prefix: p, retry: DefaultRetryPolicy, stall: DefaultStallTimeout}, nil
 }
 
 // Driver returns the underlying driver.
@@ -89,6 +90,21 @@ func (s *Store) WithRetry(p RetryPolicy) *Store {
 	c.retry = p
 	return &c
 }
+
+// WithStallTimeout returns a copy of s whose requests fail as stalled
+// (a *StallError, transient, retried under the policy) when they make no
+// progress for d: no byte sent or received. d <= 0 turns the deadline
+// off. The drivers that watch their requests (S3, GCS: backend/stall)
+// honour it; Open sets it from the URL option stall_timeout, else
+// CKPTKIT_STALL_TIMEOUT, else DefaultStallTimeout.
+func (s *Store) WithStallTimeout(d time.Duration) *Store {
+	c := *s
+	c.stall = max(d, 0)
+	return &c
+}
+
+// StallTimeout returns the store's stall timeout (0: none).
+func (s *Store) StallTimeout() time.Duration { return s.stall }
 
 // Sub returns a Store rooted at prefix below s.
 func (s *Store) Sub(prefix string) (*Store, error) {
@@ -131,7 +147,9 @@ func (s *Store) Capabilities() Capabilities { return s.drv.Capabilities() }
 // Close closes the driver.
 func (s *Store) Close() error { return s.drv.Close() }
 
-func (s *Store) wrap(op, key string, err error) error {
+// wrap classifies a driver error of a call made under ctx, the caller's
+// context (with the Store's values), into a *Error.
+func (s *Store) wrap(ctx context.Context, op, key string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -142,6 +160,15 @@ func (s *Store) wrap(op, key string, err error) error {
 	code := s.drv.ErrorCode(err)
 	if code == CodeUnknown {
 		code = CodeOf(err)
+	}
+	if code == CodeCanceled && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// A deadline while the caller's context is live is a bound a
+		// driver put on one of its own requests (a multipart upload's
+		// start, its completion, a clean-up) running out: storage was too
+		// slow, nobody cancelled anything. Classed as a cancellation it
+		// read as an interrupt (exit 130, issue 30).
+		code = CodeTransient
+		err = fmt.Errorf("%w (a bound of the driver's own ran out; the caller did not cancel)", err)
 	}
 	return &Error{Op: op, URL: s.URL(key), Code: code, Err: err}
 }
@@ -172,14 +199,14 @@ func (s *Store) retryLoop(ctx context.Context, f func(ctx context.Context) error
 }
 
 // withBudget returns ctx carrying a fresh retry budget of s's policy for
-// one call, and the budget.
+// one call and the store's stall timeout, and the budget.
 func (s *Store) withBudget(ctx context.Context) (context.Context, *budget) {
 	b := &budget{policy: s.retry}
 	b.left.Store(int64(max(s.retry.Attempts, 1) - 1))
 	if s.retry.Budget > 0 {
 		b.deadline = time.Now().Add(s.retry.Budget)
 	}
-	return context.WithValue(ctx, budgetKey{}, b), b
+	return ContextWithStallTimeout(context.WithValue(ctx, budgetKey{}, b), s.stall), b
 }
 
 // NewRangeReader opens length bytes of key from offset (length < 0: to the
@@ -205,21 +232,22 @@ func (s *Store) open(ctx context.Context, key string, offset, length int64) (io.
 	}
 	rc, err := s.drv.NewRangeReader(ctx, full, offset, length)
 	if err != nil {
-		return nil, s.wrap("read", key, err)
+		return nil, s.wrap(ctx, "read", key, err)
 	}
-	return &wrappedReader{rc: rc, s: s, key: key}, nil
+	return &wrappedReader{rc: rc, s: s, key: key, ctx: ctx}, nil
 }
 
 type wrappedReader struct {
 	rc  io.ReadCloser
 	s   *Store
 	key string
+	ctx context.Context // the caller's, to classify errors
 }
 
 func (w *wrappedReader) Read(p []byte) (int, error) {
 	n, err := w.rc.Read(p)
 	if err != nil && err != io.EOF {
-		err = w.s.wrap("read", w.key, err)
+		err = w.s.wrap(w.ctx, "read", w.key, err)
 	}
 	return n, err
 }
@@ -232,7 +260,7 @@ func (w *wrappedReader) Remain() int64 {
 	return -1
 }
 
-func (w *wrappedReader) Close() error { return w.s.wrap("close", w.key, w.rc.Close()) }
+func (w *wrappedReader) Close() error { return w.s.wrap(w.ctx, "close", w.key, w.rc.Close()) }
 
 // ReadRange reads exactly len(dst) bytes of key at offset into dst. A short
 // object is an io.ErrUnexpectedEOF naming the key.
@@ -303,7 +331,7 @@ func (s *Store) ReadRangeInto(ctx context.Context, key string, offset int64, dst
 				return &Error{Op: "read", URL: s.URL(key), Code: CodeUnknown,
 					Err: fmt.Errorf("object shorter than range [%d,%d): %w", offset, offset+n, io.ErrUnexpectedEOF)}
 			}
-			return s.wrap("read", key, err)
+			return s.wrap(ctx, "read", key, err)
 		}
 		return nil
 	})
@@ -451,7 +479,7 @@ func (s *Store) Put(ctx context.Context, key string, size int64, r io.Reader, op
 			// that is a driver bug, surfaced loudly.
 			return &Error{Op: "write", URL: s.URL(key), Code: CodeUnknown, Err: fmt.Errorf("driver published despite source error: %w", srErr)}
 		}
-		return s.wrap("write", key, err)
+		return s.wrap(ctx, "write", key, err)
 	}
 	if !canRewind {
 		// A body that cannot be replayed gets one attempt, and its real
@@ -674,7 +702,7 @@ func (s *Store) Stat(ctx context.Context, key string) (Attributes, error) {
 	err = s.retryLoop(ctx, func(ctx context.Context) error {
 		var e error
 		a, e = s.drv.Stat(ctx, full)
-		return s.wrap("stat", key, e)
+		return s.wrap(ctx, "stat", key, e)
 	})
 	return a, err
 }
@@ -738,12 +766,12 @@ func (s *Store) list(ctx context.Context, op, prefix, p string, drvList func(con
 		case fnErr != nil:
 			return &Error{Op: op, URL: s.URL(prefix), Code: CodeUnknown, Err: fnErr}
 		case e != nil && started:
-			if w := s.wrap(op, prefix, e); !IsTransient(w) {
+			if w := s.wrap(ctx, op, prefix, e); !IsTransient(w) {
 				return w
 			}
 			return &Error{Op: op, URL: s.URL(prefix), Code: CodeUnknown, Err: fmt.Errorf("%w: %w", errStarted, e)}
 		}
-		return s.wrap(op, prefix, e)
+		return s.wrap(ctx, op, prefix, e)
 	})
 	if fnErr != nil {
 		return fnErr
@@ -758,7 +786,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	return s.retryLoop(ctx, func(ctx context.Context) error {
-		e := s.wrap("delete", key, s.drv.Delete(ctx, full))
+		e := s.wrap(ctx, "delete", key, s.drv.Delete(ctx, full))
 		if errors.Is(e, ErrNotFound) {
 			return nil
 		}

@@ -49,6 +49,7 @@ func (s *Store) ListUploads(ctx context.Context, prefix string, fn func(Upload) 
 		return &Error{Op: "list uploads", URL: s.URL(prefix), Code: CodeInvalidKey, Err: err}
 	}
 	// Not retried: entries may have been delivered before a failure.
+	ctx = ContextWithStallTimeout(ctx, s.stall)
 	var fnErr error
 	err = ul.ListUploads(ctx, s.prefix+p, func(u Upload) error {
 		u.Key = strings.TrimPrefix(u.Key, s.prefix)
@@ -58,7 +59,7 @@ func (s *Store) ListUploads(ctx context.Context, prefix string, fn func(Upload) 
 	if err != nil && fnErr != nil && errors.Is(err, fnErr) {
 		return fnErr
 	}
-	return s.wrap("list uploads", prefix, err)
+	return s.wrap(ctx, "list uploads", prefix, err)
 }
 
 // AbortUpload aborts the incomplete upload id of key (relative to the
@@ -73,6 +74,6 @@ func (s *Store) AbortUpload(ctx context.Context, key, id string) error {
 		return err
 	}
 	return s.retryLoop(ctx, func(ctx context.Context) error {
-		return s.wrap("abort upload", key, ul.AbortUpload(ctx, full, id))
+		return s.wrap(ctx, "abort upload", key, ul.AbortUpload(ctx, full, id))
 	})
 }

@@ -9,6 +9,10 @@
 //	            multiple of 256KiB, at most 2GiB); objects larger than one
 //	            chunk go through a resumable upload
 //
+// and the Store's own stall_timeout (backend.StallTimeoutOption), which
+// backend.Open takes out before the driver sees the URL: every request is
+// watched for stalls (backend/stall).
+//
 // Sizes follow the one unit rule of internal/bytesize: a plain number is
 // bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000.
 //
@@ -44,6 +48,7 @@ import (
 
 	"cloud.google.com/go/storage"
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/stall"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
@@ -124,7 +129,9 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 		base = http.DefaultTransport
 	}
 	hcCopy := *hc // a caller's client (option.WithHTTPClient) stays as it was
-	hcCopy.Transport = &sessionTransport{base: base}
+	// Under the session tracking, every request is watched for stalls
+	// (backend/stall), the markers' and cancellations' too.
+	hcCopy.Transport = &sessionTransport{base: stall.Wrap(base)}
 	client, err := storage.NewClient(ctx, append(copts, option.WithHTTPClient(&hcCopy))...)
 	if err != nil {
 		return nil, fmt.Errorf("gcs: client: %w", err)
@@ -334,16 +341,30 @@ func (d *Driver) Put(ctx context.Context, key string, size int64, r io.Reader, o
 		cancel() // abandons the upload; nothing is published
 		_ = w.Close()
 		_ = tr.done(ctx, true) // best effort: gc aborts what is left
-		return fmt.Errorf("gcs: put %s: %w", key, err)
+		return fmt.Errorf("gcs: put %s: %w", key, hideSession(err))
 	}
 	if err := w.Close(); err != nil {
 		_ = tr.done(ctx, true)
-		return fmt.Errorf("gcs: put %s: %w", key, err)
+		return fmt.Errorf("gcs: put %s: %w", key, hideSession(err))
 	}
 	// The object is published; a marker that cannot be deleted now is
 	// left to gc (cancelling a finalized session is a no-op).
 	_ = tr.done(ctx, false)
 	return nil
+}
+
+// hideSession keeps a resumable session URI out of err's message: a
+// request on a session that failed in transport (a reset, a stall) comes
+// back as a *url.Error naming the URI, whose upload_id authorises uploads
+// to the object. The URL is cut at its query; the chain is unchanged.
+func hideSession(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if base, q, ok := strings.Cut(ue.URL, "?"); ok && strings.Contains(q, "upload_id") {
+			ue.URL = base + "?upload_id=REDACTED"
+		}
+	}
+	return err
 }
 
 // ErrorCode implements backend.Driver. It classifies by the storage

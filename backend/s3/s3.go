@@ -14,6 +14,10 @@
 //	concurrency          parts in flight per upload (default 8)
 //	multipart_threshold  objects larger than this use multipart uploads (default 64MiB)
 //
+// and the Store's own stall_timeout (backend.StallTimeoutOption), which
+// backend.Open takes out before the driver sees the URL: every request is
+// watched for stalls (backend/stall).
+//
 // Sizes follow the one unit rule of internal/bytesize: a plain number is
 // bytes, KiB/MiB/GiB are powers of 1024, KB/MB/GB powers of 1000 (so
 // part_size=16MB is 16000000 bytes, part_size=16MiB 16777216).
@@ -49,6 +53,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/crc32c"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/stall"
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/internal/bufpool"
 	"github.com/ckptkit/ckptkit/internal/bytesize"
@@ -79,8 +84,16 @@ const (
 )
 
 // abortTimeout bounds the clean-up of a failed multipart upload, which runs
-// on a fresh context because the caller's may already be cancelled.
+// on a fresh context because the caller's may already be cancelled, and
+// the start of one.
 const abortTimeout = 30 * time.Second
+
+// completeTimeout bounds the completion of a multipart upload, retries
+// included. S3 may take minutes to complete a large upload (it keeps the
+// connection alive meanwhile, so the stall deadline does not cut it); a
+// server that stopped answering is caught by the stall deadline long
+// before.
+const completeTimeout = 15 * time.Minute
 
 func init() {
 	backend.MustRegister(Scheme, open)
@@ -186,7 +199,7 @@ func New(bucket string, opts Options) (*Driver, error) {
 		Secure:          !opts.Insecure,
 		Region:          opts.Region,
 		BucketLookup:    lookup,
-		Transport:       schemeHint{tr},
+		Transport:       schemeHint{stall.Wrap(tr)},
 		TrailingHeaders: true,
 		// The Store owns retries (backend.RetryPolicy): one client-side
 		// attempt keeps the two layers from multiplying each other's.
@@ -605,17 +618,67 @@ func (d *Driver) putMultipart(ctx context.Context, key string, size int64, r io.
 	if opts.CRC32C != nil && full.Sum32() != *opts.CRC32C {
 		return fmt.Errorf("s3: put %s: body CRC32C %08x does not match the declared %08x", key, full.Sum32(), *opts.CRC32C)
 	}
-	copts := d.putOptions(opts)
-	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(full.Sum32()), "X-Amz-Checksum-Type": "FULL_OBJECT"}
-	// Completing is the commit: a cancellation from here on cannot be
-	// honoured (the server may complete a request the client gave up on),
-	// so it is not sent midway; the outcome is always known and reported.
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
-	defer ccancel()
-	if _, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts); err != nil {
+	if err := d.complete(ctx, key, uploadID, parts, size, full.Sum32(), opts); err != nil {
 		return fmt.Errorf("s3: put %s: complete multipart upload: %w", key, err)
 	}
 	return nil
+}
+
+// complete sends the CompleteMultipartUpload of an upload of size bytes
+// whose CRC32C is crc: the commit. It is retried on transient failures
+// with RetryWithin, under the Store's policy (the parts are stored, so a
+// retry costs one small request). A request is never cut by the caller's
+// cancellation midway (the server may complete a request the client
+// gave up on), only between attempts; a stalled one fails as stalled
+// (backend/stall), and the phase is bounded by completeTimeout.
+//
+// After an attempt whose outcome is unknown (its connection dropped, its
+// answer lost, a 5xx), the next one may find the upload completed: the
+// server answers NoSuchUpload, or, for create-if-absent, 412 because the
+// object now exists. The commit is then ours when the object holds our
+// bytes (committed): see there for why that check is sound.
+func (d *Driver) complete(ctx context.Context, key, uploadID string, parts []minio.CompletePart, size int64, crc uint32, opts backend.PutOptions) error {
+	copts := d.putOptions(opts)
+	copts.UserMetadata = map[string]string{"X-Amz-Checksum-Crc32c": encodeCRC32C(crc), "X-Amz-Checksum-Type": "FULL_OBJECT"}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), completeTimeout)
+	defer cancel()
+	unknown := false // a previous attempt may have completed the upload
+	return backend.RetryWithin(ctx, d.ErrorCode, func() error {
+		_, err := d.core.CompleteMultipartUpload(cctx, d.bucket, key, uploadID, parts, copts)
+		if err != nil && unknown {
+			if d.committed(cctx, key, size, crc) {
+				// An upload a failed attempt did not complete (a 412 from
+				// another writer's identical object) is not left behind.
+				if aerr := d.core.AbortMultipartUpload(cctx, d.bucket, key, uploadID); aerr != nil && minio.ToErrorResponse(aerr).Code != minio.NoSuchUpload {
+					return fmt.Errorf("the object is committed, but the abort of upload %s failed: %w", uploadID, aerr)
+				}
+				return nil
+			}
+		}
+		unknown = err != nil
+		return err
+	})
+}
+
+// committed reports whether key holds the object an upload of size bytes
+// with CRC32C crc completes into. The server stores the FULL_OBJECT
+// CRC32C the completion carried (it checked it against the parts and
+// reports it to a HEAD with checksum mode), so an object of the same size
+// and CRC32C holds our bytes unless another writer stored different bytes
+// of the same length at the key with a colliding CRC: a 2^-32 chance, and
+// only under a concurrent writer of the same key, whose commit would have
+// been a conflict anyway. Another writer's identical bytes are the same
+// object. An ETag cannot serve: servers compute multipart ETags
+// differently (versitygw gives a plain MD5, AWS an MD5 of MD5s with the
+// part count, an encrypted object a random one). A server that keeps no
+// whole-object CRC32C gets nothing recognised: the failure stands.
+func (d *Driver) committed(ctx context.Context, key string, size int64, crc uint32) bool {
+	info, err := d.client.StatObject(ctx, d.bucket, key, minio.StatObjectOptions{Checksum: true})
+	if err != nil || info.Size != size || strings.EqualFold(info.ChecksumMode, "COMPOSITE") {
+		return false
+	}
+	got := decodeCRC32C(info.ChecksumCRC32C)
+	return got != nil && *got == crc
 }
 
 // WaitAborts waits for the background re-aborts of failed multipart

@@ -33,6 +33,11 @@ checkpoint (inspect, diff, convert) accept a run URL for its newest valid
 checkpoint. Credentials are never taken from a URL (see "ckpt help env");
 URLs in messages are redacted.
 
+Every URL also takes stall_timeout=DURATION (s3://bucket/run?stall_timeout=30s):
+an S3 or GCS request with no progress for that long fails as stalled, a
+transient error that is retried (exit 5 when the retries run out). Default
+60s, or $CKPTKIT_STALL_TIMEOUT; 0 turns it off.
+
 Sizes in URL options and flags: ` + bytesize.Rule + `.`,
 			Example: `  ckpt ls ./runs/demo
   ckpt ls "s3://bucket/runs/demo?endpoint=127.0.0.1:9000&insecure=true&path_style=true"
@@ -48,6 +53,9 @@ Sizes in URL options and flags: ` + bytesize.Rule + `.`,
 gs:      Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS,
          gcloud, the metadata server); STORAGE_EMULATOR_HOST for an
          emulator (no authentication)
+s3, gs:  CKPTKIT_STALL_TIMEOUT (default 60s, 0: off): how long a request may go
+         without progress before it fails as stalled and is retried; a
+         URL's stall_timeout option wins
 plugins: CKPTKIT_PLUGIN_DIR (as --plugin-dir); pins in DIR/ckptkit-plugins.lock
 memory:  GOMEMLIMIT replaces ckpt's own bound (heap within what the last
          garbage collection found live + 96 MiB)

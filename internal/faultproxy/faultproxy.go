@@ -3,12 +3,14 @@
 // requests it sees and answers chosen ones with an error status itself, or
 // breaks their connection (reset before the response, truncated headers, a
 // body cut short), so tests can count at the server how often a client
-// retried and see how it classifies transport failures.
+// retried and see how it classifies transport failures, or stalls them
+// (accepts a request and answers nothing, as a stopped server does).
 package faultproxy
 
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -43,6 +45,17 @@ type Rule struct {
 	// Break, when set, fails a request by breaking its connection instead
 	// of answering with Status.
 	Break Break
+	// Breaks, when set, replaces Break: the n-th request the rule fails
+	// (from 0) breaks the way Breaks[n%len(Breaks)] says.
+	Breaks []Break
+}
+
+// breakOf returns how the rule fails its n-th failed request.
+func (r *Rule) breakOf(n int) Break {
+	if len(r.Breaks) > 0 {
+		return r.Breaks[n%len(r.Breaks)]
+	}
+	return r.Break
 }
 
 // Break is a way of failing a request at the transport level.
@@ -65,6 +78,14 @@ const (
 	// the client sees an unexpected EOF after the server has, say,
 	// committed an object.
 	CutBody
+	// Stall accepts the request and then sends nothing and reads nothing
+	// more, as a stopped (SIGSTOPped) server does: the client waits until
+	// it gives up. The server never sees the request.
+	Stall
+	// StallResponse forwards the request (the server acts on it) and then
+	// sends nothing: the client waits for an answer that never comes
+	// after the server has, say, committed an object.
+	StallResponse
 )
 
 // Proxy is a running fault-injecting proxy.
@@ -74,6 +95,8 @@ type Proxy struct {
 	rules  []*Rule
 	counts map[*Rule]int
 	failed map[*Rule]int
+	// stalled are the connections of stalled requests, closed by Close.
+	stalled []net.Conn
 }
 
 // New starts a proxy forwarding to target ("http://host:port").
@@ -96,9 +119,13 @@ func New(target string) (*Proxy, error) {
 	// The Host header stays the proxy's: request signatures (S3 SigV4) were
 	// computed for it.
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rule, delay := p.match(r)
-		if rule != nil && rule.Break != NoBreak {
-			breakConn(w, r, rp, rule.Break)
+		rule, b, delay := p.match(r)
+		if b == Stall || b == StallResponse {
+			p.stall(w, r, rp, b)
+			return
+		}
+		if b != NoBreak {
+			breakConn(w, r, rp, b)
 			return
 		}
 		if rule != nil {
@@ -120,12 +147,14 @@ func New(target string) (*Proxy, error) {
 	return p, nil
 }
 
-// match counts r against the rules and returns the rule that fails it,
-// and the longest Delay of the matching rules that do not.
-func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
+// match counts r against the rules and returns the rule that fails it
+// and how (NoBreak: with the rule's Status), and the longest Delay of the
+// matching rules that do not.
+func (p *Proxy) match(r *http.Request) (*Rule, Break, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var fail *Rule
+	var b Break
 	var delay time.Duration
 	for _, rule := range p.rules {
 		if !rule.Match(r) {
@@ -140,13 +169,14 @@ func (p *Proxy) match(r *http.Request) (*Rule, time.Duration) {
 		n := p.counts[rule]
 		p.counts[rule]++
 		if fail == nil && (rule.Fail == nil || rule.Fail(n)) {
+			b = rule.breakOf(p.failed[rule])
 			p.failed[rule]++
 			fail = rule
 			continue
 		}
 		delay = max(delay, rule.Delay)
 	}
-	return fail, delay
+	return fail, b, delay
 }
 
 // breakConn fails r by breaking its connection the way b says.
@@ -182,6 +212,30 @@ func breakConn(w http.ResponseWriter, r *http.Request, rp http.Handler, b Break)
 		_ = tc.SetLinger(0) // a reset, not an orderly close
 	}
 	_ = conn.Close()
+}
+
+// stall holds r's connection open without answering (after forwarding r
+// for StallResponse) until the client closes it or the proxy closes.
+func (p *Proxy) stall(w http.ResponseWriter, r *http.Request, rp http.Handler, b Break) {
+	if b == StallResponse {
+		rp.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	p.mu.Lock()
+	p.stalled = append(p.stalled, conn)
+	p.mu.Unlock()
+	if b == StallResponse {
+		// The request was read whole: a read now sees the client close.
+		go func() {
+			_, _ = io.Copy(io.Discard, conn)
+			_ = conn.Close()
+		}()
+	}
+	// A Stall reads nothing more (the client's writes back up, as they
+	// do to a stopped process); its connection stays until Close.
 }
 
 // delayedWriter holds a forwarded response back before its header.
@@ -233,5 +287,13 @@ func (p *Proxy) Clear() {
 // Host returns the proxy's host:port.
 func (p *Proxy) Host() string { return p.srv.Listener.Addr().String() }
 
-// Close stops the proxy.
-func (p *Proxy) Close() { p.srv.Close() }
+// Close stops the proxy, closing the connections it stalled.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	for _, c := range p.stalled {
+		_ = c.Close()
+	}
+	p.stalled = nil
+	p.mu.Unlock()
+	p.srv.Close()
+}
