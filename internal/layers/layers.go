@@ -29,8 +29,9 @@ var Levels = map[string]Level{
 	"internal/trainer":  2,
 
 	"backend/fs":            3,
-	"backend/s3":            3,
-	"backend/gcs":           3,
+	"backend/stall":         3,
+	"backend/s3":            4, // imports backend/stall
+	"backend/gcs":           4, // imports backend/stall
 	"backend/mem":           3,
 	"backend/instrument":    3,
 	"planner":               3,
