@@ -19,6 +19,7 @@ import (
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/planner"
+	"github.com/ckptkit/ckptkit/progress"
 )
 
 // StepPrefix is the prefix of a checkpoint directory under a run.
@@ -273,9 +274,10 @@ func Latest(ctx context.Context, run *backend.Store, deep bool) (*Found, []Skipp
 type LatestOptions struct {
 	// Deep verifies every byte of each candidate (every checksum).
 	Deep bool
-	// Progress, when set, is called during a deep verify with the
-	// candidate's URL and the bytes checked so far of its total.
-	Progress func(url string, done, total int64)
+	// Progress, when set, is called during a deep verify with the bytes
+	// checked so far of the candidate's total (Unit progress.Bytes), its
+	// URL as Item.
+	Progress progress.Func
 }
 
 // LatestWith is Latest with options.
@@ -343,7 +345,10 @@ func choose(ctx context.Context, run *backend.Store, entries []Entry, opts Lates
 		vo := loader.VerifyOptions{Deep: opts.Deep}
 		if opts.Progress != nil {
 			url := e.URL
-			vo.Progress = func(done, total int64) { opts.Progress(url, done, total) }
+			vo.Progress = func(u progress.Update) {
+				u.Item = url
+				opts.Progress(u)
+			}
 		}
 		rep, err := c.Verify(ctx, vo)
 		if err != nil {

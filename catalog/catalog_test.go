@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp" // the DCP format and the names its ckptkit writer gives objects
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/saver"
 )
 
@@ -58,9 +60,19 @@ func TestLatestSkipsUncommittedAndCorrupt(t *testing.T) {
 			e, _, err = catalog.Latest(ctx, run, false)
 			require.NoError(t, err)
 			assert.Equal(t, int64(20), e.Step)
-			e, skipped, err = catalog.Latest(ctx, run, true)
+			var mu sync.Mutex
+			var items []string // the candidates a deep verify reported bytes of, in order
+			e, skipped, err = catalog.LatestWith(ctx, run, catalog.LatestOptions{Deep: true, Progress: func(u progress.Update) {
+				mu.Lock()
+				defer mu.Unlock()
+				assert.Equal(t, progress.Bytes, u.Unit)
+				if len(items) == 0 || items[len(items)-1] != u.Item {
+					items = append(items, u.Item)
+				}
+			}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(10), e.Step)
+			assert.Equal(t, []string{st20.String(), e.URL}, items, "progress names each candidate verified, newest first")
 			require.Len(t, skipped, 2)
 			assert.Contains(t, skipped[1].Reason, loader.RuleChecksum)
 			sub, err := run.Sub(e.Name)

@@ -15,6 +15,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/progress"
 )
 
 // manyChunkCheckpoint writes a checkpoint of one float32 tensor of n
@@ -66,8 +67,8 @@ func TestDeepVerifyOfManyChunksIsBatched(t *testing.T) {
 	runtime.ReadMemStats(&base)
 	var last, total int64
 	var maxLive uint64
-	rep, err := c.Verify(ctx, loader.VerifyOptions{Deep: true, Concurrency: 1, Progress: func(done, all int64) {
-		last, total = done, all
+	rep, err := c.Verify(ctx, loader.VerifyOptions{Deep: true, Concurrency: 1, Progress: func(u progress.Update) {
+		last, total = u.Done, u.Total
 		var m runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&m)

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ckptkit/ckptkit/internal/crc32c"
+	"github.com/ckptkit/ckptkit/progress"
 
 	"golang.org/x/sync/errgroup"
 
@@ -64,9 +65,9 @@ type VerifyOptions struct {
 	OptimizerSlots []string
 	// Concurrency bounds concurrent reads of a deep verify (default 8).
 	Concurrency int
-	// Progress, when set, is called with the bytes checked so far and the
-	// total during a deep verify, from several goroutines.
-	Progress func(done, total int64)
+	// Progress, when set, is called during a deep verify with the bytes
+	// checked so far (Unit progress.Bytes), from several goroutines.
+	Progress progress.Func
 }
 
 // Verify is the pre-flight check before a resume: it reads the metadata
@@ -248,7 +249,7 @@ type deepItem struct {
 // batches of deepBatchChunks chunks, each read whole, in object order,
 // adjacent ones coalesced: no load plan (its copies into targets are not
 // needed here, and cost several times the chunk entries).
-func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int, progress func(done, total int64)) (int64, []Finding, error) {
+func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool, conc int, report progress.Func) (int64, []Finding, error) {
 	if conc <= 0 {
 		conc = 8
 	}
@@ -285,7 +286,7 @@ func (c *Checkpoint) deepCheck(ctx context.Context, skipObjects map[string]bool,
 	var out []Finding
 	var checked atomic.Int64
 	batch := func() error {
-		n, found, err := c.deepCheckBatch(ctx, deepPlan(md, items), conc, &checked, total, progress)
+		n, found, err := c.deepCheckBatch(ctx, deepPlan(md, items), conc, &checked, total, report)
 		read += n
 		out = append(out, found...)
 		items = items[:0]
@@ -368,7 +369,7 @@ func chunkRead(md *metadata.Checkpoint, it deepItem, opOffset int64) planner.Chu
 
 // deepCheckBatch reads and checks the chunks of plan; checked counts the
 // bytes checked (of total) for progress.
-func (c *Checkpoint) deepCheckBatch(ctx context.Context, plan *planner.LoadPlan, conc int, checked *atomic.Int64, total int64, progress func(done, total int64)) (int64, []Finding, error) {
+func (c *Checkpoint) deepCheckBatch(ctx context.Context, plan *planner.LoadPlan, conc int, checked *atomic.Int64, total int64, report progress.Func) (int64, []Finding, error) {
 	findings := make([][]Finding, len(plan.Ops))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(conc)
@@ -387,8 +388,8 @@ func (c *Checkpoint) deepCheckBatch(ctx context.Context, plan *planner.LoadPlan,
 						findings[i] = append(findings[i], Finding{Rule: RuleChecksum, Key: cr.Key, Object: c.store.URL(op.Object), Message: err.Error()})
 					}
 				}
-				if progress != nil {
-					progress(checked.Add(op.Length), total)
+				if report != nil {
+					report(progress.Update{Done: checked.Add(op.Length), Total: total, Unit: progress.Bytes})
 				}
 				return nil
 			}
@@ -401,8 +402,8 @@ func (c *Checkpoint) deepCheckBatch(ctx context.Context, plan *planner.LoadPlan,
 			if err := MissingObject(c.store.ReadRangeInto(gctx, op.Object, op.Offset, [][]byte{buf}, tap)); err != nil {
 				return err
 			}
-			if progress != nil {
-				progress(checked.Add(op.Length), total)
+			if report != nil {
+				report(progress.Update{Done: checked.Add(op.Length), Total: total, Unit: progress.Bytes})
 			}
 			for j := range op.Chunks {
 				cr := &op.Chunks[j]

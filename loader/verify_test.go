@@ -9,6 +9,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
@@ -68,11 +69,11 @@ func TestRunPrefixIsNotAnIncompleteCheckpoint(t *testing.T) {
 func TestDeepVerifyReportsProgress(t *testing.T) {
 	st, _ := modesState(t, "verify-progress")
 	var last, total atomic.Int64
-	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: true, Progress: func(done, all int64) {
-		if done > last.Load() {
-			last.Store(done)
+	rep, err := loader.Verify(context.Background(), st, loader.VerifyOptions{Deep: true, Progress: func(u progress.Update) {
+		if u.Done > last.Load() {
+			last.Store(u.Done)
 		}
-		total.Store(all)
+		total.Store(u.Total)
 	}})
 	require.NoError(t, err)
 	require.True(t, rep.Resumable)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/transfer"
 )
 
@@ -56,7 +57,7 @@ func TestCancelledCopyLeavesNothing(t *testing.T) {
 	dst := memStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var n atomic.Int64
-	_, err := transfer.Copy(ctx, src, dst, transfer.Options{Parallel: 1, Progress: func(done, total int64) {
+	_, err := transfer.Copy(ctx, src, dst, transfer.Options{Parallel: 1, Progress: func(progress.Update) {
 		if n.Add(1) == 2 {
 			cancel()
 		}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/ckptkit/ckptkit/internal/crc32c"
+	"github.com/ckptkit/ckptkit/progress"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
 
@@ -48,9 +49,9 @@ type Options struct {
 	// Force replaces a committed destination (its metadata is deleted
 	// first, so it is never half-valid).
 	Force bool
-	// Progress, when set, is called with the bytes copied so far and the
-	// total, from several goroutines.
-	Progress func(done, total int64)
+	// Progress, when set, is called with the bytes copied so far (Unit
+	// progress.Bytes), from several goroutines.
+	Progress progress.Func
 	// RequireChecksums refuses a source whose items have no recorded
 	// CRC32C (ErrNoChecksums) instead of copying it unchecked.
 	RequireChecksums bool
@@ -114,9 +115,7 @@ func CopyCheckpoint(ctx context.Context, c *loader.Checkpoint, dst *backend.Stor
 			defer rc.Close()
 			r := &checkingReader{r: rc, ranges: ranges[o.Key], object: src.URL(o.Key), progress: func(n int) {
 				d := done.Add(int64(n))
-				if opts.Progress != nil {
-					opts.Progress(d, total)
-				}
+				opts.Progress.Report(progress.Update{Done: d, Total: total, Unit: progress.Bytes})
 			}}
 			if err := dst.Put(gctx, o.Key, o.Size, r, backend.PutOptions{ContentType: "application/octet-stream"}); err != nil {
 				return fmt.Errorf("copy %s to %s: %w", src.URL(o.Key), dst.URL(o.Key), err)

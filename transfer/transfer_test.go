@@ -16,6 +16,7 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/mem"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 	"github.com/ckptkit/ckptkit/transfer"
@@ -74,7 +75,7 @@ func TestCopyBetweenBackends(t *testing.T) {
 			src, dst := tc.src(t), tc.dst(t)
 			w := saved(t, src)
 			var last atomic.Int64
-			res, err := transfer.Copy(context.Background(), src, dst, transfer.Options{Parallel: 2, Progress: func(done, total int64) { last.Store(done) }})
+			res, err := transfer.Copy(context.Background(), src, dst, transfer.Options{Parallel: 2, Progress: func(u progress.Update) { last.Store(u.Done) }})
 			require.NoError(t, err)
 			require.Equal(t, "ckptkit", res.Format)
 			require.Equal(t, int64(len(w.Data))+1, last.Load(), "progress reaches the data total")
@@ -117,7 +118,7 @@ func TestInterruptedCopyIsNotCommitted(t *testing.T) {
 	src, dst := fsStore(t), fsStore(t)
 	saved(t, src)
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := transfer.Copy(ctx, src, dst, transfer.Options{Progress: func(done, total int64) { cancel() }})
+	_, err := transfer.Copy(ctx, src, dst, transfer.Options{Progress: func(progress.Update) { cancel() }})
 	require.True(t, errors.Is(err, context.Canceled), "got %v", err)
 	_, err = loader.Open(context.Background(), dst)
 	require.True(t, errors.Is(err, loader.ErrIncomplete) || errors.Is(err, loader.ErrNoCheckpoint), "got %v", err)

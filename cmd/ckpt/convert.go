@@ -108,7 +108,7 @@ refused (exit 6, conflict) unless --force. Progress (tensor bytes written
 				}
 				opts := safetensors.Options{ShardSize: shard, ModelOnly: modelOnly, MaxMemory: capBytes}
 				if p := newProgress(cmd, "convert"); p != nil {
-					opts.Progress = func(pr safetensors.Progress) { p.update(pr.Bytes, pr.TotalBytes) }
+					opts.Progress = p.callback()
 					defer p.finish()
 				}
 				res, err := safetensors.Convert(ctx, src, dst, opts)

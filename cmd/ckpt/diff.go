@@ -69,9 +69,7 @@ or B ("no such path"), 2 on usage errors, 4 on access errors.`,
 			defer b.Store().Close()
 			opts := diff.Options{UseTolerance: cmd.Flags().Changed("tolerance"), Tolerance: tolerance}
 			p := newItemProgress(cmd, "diff", "keys")
-			if p != nil {
-				opts.Progress = func(done, total int, _ string) { p.update(int64(done), int64(total)) }
-			}
+			opts.Progress = p.callback()
 			rep, err := diff.Compare(ctx, a, b, opts)
 			p.finish()
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ckptkit/ckptkit/ops/gc"
+	prog "github.com/ckptkit/ckptkit/progress"
 	ckrun "github.com/ckptkit/ckptkit/run"
 )
 
@@ -183,16 +184,16 @@ Progress (checkpoints deleted / to delete, rate, ETA) is shown on a terminal.`,
 				opts := gc.Options{Concurrency: parallel}
 				p := newItemProgress(cmd, "gc", "checkpoints")
 				in := inv(cmd)
-				opts.Progress = func(pr gc.Progress) {
-					defer p.update(int64(pr.Done), int64(pr.Total))
+				opts.Progress = func(pr prog.Update) {
+					defer p.update(pr.Done, pr.Total)
 					if asJSON {
 						return
 					}
 					if pr.Skipped != "" {
-						in.notef("[%d/%d] kept %s: %s", pr.Done, pr.Total, safe(pr.Checkpoint), safe(pr.Skipped))
+						in.notef("[%d/%d] kept %s: %s", pr.Done, pr.Total, safe(pr.Item), safe(pr.Skipped))
 						return
 					}
-					in.notef("[%d/%d] deleted %s (%d objects, %s)", pr.Done, pr.Total, safe(pr.Checkpoint), pr.Objects, humanBytes(pr.Bytes))
+					in.notef("[%d/%d] deleted %s (%d objects, %s)", pr.Done, pr.Total, safe(pr.Item), pr.Objects, humanBytes(pr.Bytes))
 				}
 				res, err := r.Collect(ctx, plan, opts)
 				p.finish()

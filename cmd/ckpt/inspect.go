@@ -17,6 +17,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
+	prog "github.com/ckptkit/ckptkit/progress"
 	ckrun "github.com/ckptkit/ckptkit/run"
 )
 
@@ -197,11 +198,11 @@ func hashTensor(ctx context.Context, c *loader.Checkpoint, te *metadata.TensorEn
 // hashProgress counts the tensor bytes hashed for progress (nil: no
 // progress).
 type hashProgress struct {
-	fn          func(done, total int64)
+	fn          prog.Func
 	done, total int64
 }
 
-func newHashProgress(md *metadata.Checkpoint, fn func(done, total int64)) *hashProgress {
+func newHashProgress(md *metadata.Checkpoint, fn prog.Func) *hashProgress {
 	p := &hashProgress{fn: fn}
 	for i := range md.Tensors {
 		p.total += tensorBytes(&md.Tensors[i])
@@ -211,16 +212,14 @@ func newHashProgress(md *metadata.Checkpoint, fn func(done, total int64)) *hashP
 
 func (p *hashProgress) add(n int64) {
 	p.done += n
-	if p.fn != nil {
-		p.fn(p.done, p.total)
-	}
+	p.fn.Report(prog.Update{Done: p.done, Total: p.total, Unit: prog.Bytes})
 }
 
 // describe lists c (the --json document); with hash it reads every tensor,
 // calling progress (when not nil) with the tensor bytes hashed so far. The
 // tensors are not copied into the document: streamJSON writes them from
 // the metadata one at a time.
-func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) (*inspectOutput, error) {
+func describe(ctx context.Context, c *loader.Checkpoint, from string, hash bool, progress prog.Func) (*inspectOutput, error) {
 	md := c.Metadata()
 	out := describeHead(c, from)
 	out.md = md
@@ -419,7 +418,7 @@ func valueCells(b *metadata.BytesEntry, cells *[inspectCols]string) {
 // cell plus 2), streamed: a first pass over the metadata measures the
 // columns, the second prints each row as it is made (hashing its tensor
 // first with hash), so memory does not follow the number of keys.
-func printInspect(ctx context.Context, out io.Writer, c *loader.Checkpoint, from string, hash bool, progress func(done, total int64)) error {
+func printInspect(ctx context.Context, out io.Writer, c *loader.Checkpoint, from string, hash bool, progress prog.Func) error {
 	md := c.Metadata()
 	w := bufio.NewWriterSize(out, 64<<10)
 	o := describeHead(c, from)

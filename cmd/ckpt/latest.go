@@ -62,7 +62,7 @@ no checkpoint under it is committed.`,
 				p = newProgress(cmd, "latest")
 				if p != nil {
 					// One bar per candidate: a skipped one starts it over.
-					opts.Progress = func(_ string, done, total int64) { p.update(done, total) }
+					opts.Progress = p.callback()
 				}
 			}
 			found, skipped, err := ckrun.New(run).Latest(ctx, opts)

@@ -11,6 +11,8 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+
+	prog "github.com/ckptkit/ckptkit/progress"
 )
 
 // progressInterval is how often the plain progress line is printed when
@@ -86,8 +88,7 @@ func startProgress(cmd *cobra.Command, label string, bytes bool, unit string) *p
 	return p
 }
 
-// update reports done of total; it suits the Progress callbacks of
-// transfer, loader and convert.
+// update reports done of total.
 func (p *progress) update(done, total int64) {
 	if p == nil {
 		return
@@ -163,13 +164,14 @@ func (p *progress) onBar(f func(*progressbar.ProgressBar) error) {
 	}
 }
 
-// callback returns p.update, or nil when p shows nothing (so the operation
+// callback returns the progress.Func of the library operations that
+// shows their updates on p, or nil when p shows nothing (so the operation
 // skips its progress accounting).
-func (p *progress) callback() func(done, total int64) {
+func (p *progress) callback() prog.Func {
 	if p == nil {
 		return nil
 	}
-	return p.update
+	return func(u prog.Update) { p.update(u.Done, u.Total) }
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -31,6 +31,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/progress"
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/loader"
@@ -99,17 +100,10 @@ type Options struct {
 	MaxMemory int64
 	// Metadata is added to every file's "__metadata__".
 	Metadata map[string]string
-	// Progress, when set, is called after each tensor is written.
-	Progress func(Progress)
-}
-
-// Progress reports one written tensor.
-type Progress struct {
-	File        string
-	Tensor      string
-	Done, Total int
-	Bytes       int64 // tensor bytes written so far
-	TotalBytes  int64
+	// Progress, when set, is called after each tensor is written: the
+	// tensor bytes written so far of the total (Unit progress.Bytes), the
+	// tensor's name as Item and its size as Bytes.
+	Progress progress.Func
 }
 
 // OutFile is one written file.
@@ -198,7 +192,7 @@ func Convert(ctx context.Context, src *loader.Checkpoint, dst *backend.Store, op
 	for _, it := range items {
 		res.TotalSize += it.size
 	}
-	w := &writer{src: src, dst: dst, opts: opts, total: len(items), totalBytes: res.TotalSize}
+	w := &writer{src: src, dst: dst, opts: opts, totalBytes: res.TotalSize}
 	for _, f := range files {
 		if err := w.writeFile(ctx, f); err != nil {
 			return nil, fmt.Errorf("convert %s to %s: %w", src.URL(), dst.URL(f.name), err)
@@ -339,8 +333,6 @@ type writer struct {
 	src        *loader.Checkpoint
 	dst        *backend.Store
 	opts       Options
-	done       int
-	total      int
 	bytes      int64
 	totalBytes int64
 }
@@ -381,11 +373,8 @@ func (w *writer) feed(ctx context.Context, out io.Writer, f *file) error {
 		if err := w.writeTensor(ctx, out, it); err != nil {
 			return err
 		}
-		w.done++
 		w.bytes += it.size
-		if w.opts.Progress != nil {
-			w.opts.Progress(Progress{File: f.name, Tensor: it.name, Done: w.done, Total: w.total, Bytes: w.bytes, TotalBytes: w.totalBytes})
-		}
+		w.opts.Progress.Report(progress.Update{Done: w.bytes, Total: w.totalBytes, Unit: progress.Bytes, Item: it.name, Bytes: it.size})
 	}
 	return nil
 }

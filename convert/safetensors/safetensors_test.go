@@ -15,6 +15,7 @@ import (
 	"github.com/ckptkit/ckptkit/convert/safetensors"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
@@ -62,8 +63,8 @@ func TestConvertSingleFile(t *testing.T) {
 			s := ckpttest.NewState(7, 9)
 			ckpttest.SaveStep(t, run, 7, s, 3)
 			out := sub(t, run, "export")
-			var prog []safetensors.Progress
-			res, err := safetensors.Convert(context.Background(), openStep(t, run, 7), out, safetensors.Options{ShardSize: 1 << 30, Progress: func(p safetensors.Progress) { prog = append(prog, p) }})
+			var prog []progress.Update
+			res, err := safetensors.Convert(context.Background(), openStep(t, run, 7), out, safetensors.Options{ShardSize: 1 << 30, Progress: func(p progress.Update) { prog = append(prog, p) }})
 			require.NoError(t, err)
 			require.Len(t, res.Files, 1)
 			assert.Equal(t, safetensors.SingleFile, res.Files[0].Name)
@@ -71,7 +72,11 @@ func TestConvertSingleFile(t *testing.T) {
 			assert.Equal(t, len(s.Tensors), res.Tensors)
 			assert.ElementsMatch(t, []string{"optimizer.param_groups.0.lr", "scheduler.last_epoch"}, res.Skipped)
 			require.Len(t, prog, len(s.Tensors))
-			assert.Equal(t, res.TotalSize, prog[len(prog)-1].Bytes)
+			last := prog[len(prog)-1]
+			assert.Equal(t, res.TotalSize, last.Done)
+			assert.Equal(t, res.TotalSize, last.Total)
+			assert.Equal(t, progress.Bytes, last.Unit)
+			assert.Contains(t, s.Tensors, last.Item, "Item names the tensor written")
 
 			got, meta := readSafetensors(t, out, safetensors.SingleFile)
 			requireMatches(t, s, got, same)

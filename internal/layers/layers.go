@@ -15,6 +15,7 @@ type Level int
 var Levels = map[string]Level{
 	// Leaves: the error taxonomy, then what only needs it.
 	"ckpterr":           0,
+	"progress":          0,
 	"keys":              1,
 	"internal/crc32c":   1,
 	"internal/bufpool":  1,

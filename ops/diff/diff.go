@@ -19,6 +19,7 @@ import (
 	"sort"
 
 	"github.com/ckptkit/ckptkit/ckpterr"
+	"github.com/ckptkit/ckptkit/progress"
 
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
@@ -69,8 +70,9 @@ type Options struct {
 	// lists element-wise, so the same state saved in two formats is equal.
 	UseTolerance bool
 	Tolerance    float64
-	// Progress, when set, is called after each key.
-	Progress func(done, total int, key string)
+	// Progress, when set, is called after each key (Unit progress.Keys,
+	// the key as Item).
+	Progress progress.Func
 }
 
 // Report is the outcome of Compare.
@@ -115,9 +117,7 @@ func Compare(ctx context.Context, a, b *loader.Checkpoint, opts Options) (*Repor
 		if d == nil || d.Kind == KindContent {
 			rep.Compared++
 		}
-		if opts.Progress != nil {
-			opts.Progress(i+1, len(keys), k)
-		}
+		opts.Progress.Report(progress.Update{Done: int64(i + 1), Total: int64(len(keys)), Unit: progress.Keys, Item: k})
 	}
 	rep.Identical = len(rep.Differences) == 0
 	return rep, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/ops/diff"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/statedict"
 )
 
@@ -72,11 +73,14 @@ func TestDiffFindsOneFlippedElement(t *testing.T) {
 			assert.Equal(t, len(s.Keys()), rep.Keys)
 			assert.Equal(t, rep.Keys, rep.Compared)
 
-			var seen int
-			rep, err = diff.Compare(ctx, open(t, run, 1), open(t, run, 3), diff.Options{Progress: func(done, total int, key string) { seen = done }})
+			var seen progress.Update
+			rep, err = diff.Compare(ctx, open(t, run, 1), open(t, run, 3), diff.Options{Progress: func(u progress.Update) { seen = u }})
 			require.NoError(t, err)
 			assert.False(t, rep.Identical)
-			assert.Equal(t, rep.Keys, seen)
+			assert.Equal(t, int64(rep.Keys), seen.Done)
+			assert.Equal(t, int64(rep.Keys), seen.Total)
+			assert.Equal(t, progress.Keys, seen.Unit)
+			assert.Contains(t, s.Keys(), seen.Item, "Item names the key compared")
 			require.Len(t, rep.Differences, 1)
 			d := rep.Differences[0]
 			assert.Equal(t, "model.embed.weight", d.Key)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
+	"github.com/ckptkit/ckptkit/progress"
 )
 
 // Plan is the outcome of planning a collection: the run's checkpoints with
@@ -83,20 +84,12 @@ func PlanRun(ctx context.Context, run *backend.Store, p Policy, deep bool, now t
 type Options struct {
 	// Concurrency bounds parallel object deletions (default 8).
 	Concurrency int
-	// Progress, when set, is called after each checkpoint is handled.
-	Progress func(Progress)
-}
-
-// Progress reports one handled checkpoint.
-type Progress struct {
-	Checkpoint string
-	// Done and Total count the checkpoints to delete.
-	Done, Total int
-	Objects     int
-	Bytes       int64
-	// Skipped is non-empty when the checkpoint changed since planning and
-	// was left alone.
-	Skipped string
+	// Progress, when set, is called after each checkpoint is handled:
+	// Done and Total count the checkpoints to delete (Unit
+	// progress.Checkpoints), Item is the checkpoint's name, Objects and
+	// Bytes what deleting it freed; Skipped is non-empty when it changed
+	// since planning and was left alone.
+	Progress progress.Func
 }
 
 // Deleted is one checkpoint removed by Execute.
@@ -155,7 +148,7 @@ func Execute(ctx context.Context, run *backend.Store, decisions []Decision, opts
 		if err != nil {
 			return res, fmt.Errorf("gc %s: %w", run, err)
 		}
-		p := Progress{Checkpoint: d.Entry.Name, Done: i + 1, Total: len(doomed)}
+		p := progress.Update{Done: int64(i + 1), Total: int64(len(doomed)), Unit: progress.Checkpoints, Item: d.Entry.Name}
 		if skip != "" {
 			d.Reason = skip
 			d.Delete = false
@@ -164,9 +157,7 @@ func Execute(ctx context.Context, run *backend.Store, decisions []Decision, opts
 		} else {
 			p.Objects, p.Bytes = del.Objects, del.Bytes
 		}
-		if opts.Progress != nil {
-			opts.Progress(p)
-		}
+		opts.Progress.Report(p)
 	}
 	return res, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/ops/gc"
+	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/saver"
 )
 
@@ -81,12 +82,12 @@ func TestGCKeepsPolicyAndDeletesTheRest(t *testing.T) {
 			assert.Equal(t, catalog.StepName(50), plan.NewestValid)
 			assert.Equal(t, 3, plan.Deletions) // 5 (abandoned), 10, 30
 
-			var progress []gc.Progress
-			res, err := gc.Execute(ctx, run, plan.Decisions, gc.Options{Concurrency: 2, Progress: func(p gc.Progress) { progress = append(progress, p) }})
+			var updates []progress.Update
+			res, err := gc.Execute(ctx, run, plan.Decisions, gc.Options{Concurrency: 2, Progress: func(p progress.Update) { updates = append(updates, p) }})
 			require.NoError(t, err)
 			require.Len(t, res.Deleted, 3)
-			assert.Len(t, progress, 3)
-			assert.Equal(t, 3, progress[2].Done)
+			require.Len(t, updates, 3)
+			assert.Equal(t, progress.Update{Done: 3, Total: 3, Unit: progress.Checkpoints, Item: res.Deleted[2].Name, Objects: res.Deleted[2].Objects, Bytes: res.Deleted[2].Bytes}, updates[2])
 			assert.Equal(t, 1+3+3, res.ObjectsDeleted)
 
 			left := steps(t, run)
