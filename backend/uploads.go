@@ -13,13 +13,13 @@ import (
 type Upload struct {
 	// Key is the object key the upload would create (relative to the
 	// Store that listed it).
-	Key string `json:"key"`
+	Key string
 	// ID identifies the upload to AbortUpload.
-	ID string `json:"id"`
+	ID string
 	// Initiated is when the upload was started (zero when unknown).
-	Initiated time.Time `json:"initiated"`
+	Initiated time.Time
 	// Size is the bytes of parts stored so far (0 when unknown).
-	Size int64 `json:"size"`
+	Size int64
 }
 
 // UploadLister is implemented by drivers whose incomplete uploads can be

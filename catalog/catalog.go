@@ -44,27 +44,27 @@ func ParseStep(name string) (int64, bool) {
 
 // Entry is one checkpoint prefix under a run.
 type Entry struct {
-	Name      string    `json:"name"`
-	Step      int64     `json:"step"`
-	URL       string    `json:"url"`
-	Committed bool      `json:"committed"`
-	Format    string    `json:"format,omitempty"`
-	Objects   int       `json:"objects"`
-	Bytes     int64     `json:"bytes"`
-	ModTime   time.Time `json:"mod_time"`
+	Name      string
+	Step      int64
+	URL       string
+	Committed bool
+	Format    string
+	Objects   int
+	Bytes     int64
+	ModTime   time.Time
 	// ForeignObjects counts objects under the prefix whose names ckptkit
 	// does not write (see OwnedObject). Operations that delete refuse
 	// prefixes holding any.
-	ForeignObjects int `json:"foreign_objects"`
+	ForeignObjects int
 	// Unreadable, when set, is why the checkpoint's objects could not be
 	// read: storage refused it (class access: a directory this process
 	// may not read, say). Such a checkpoint is listed, skipped by Latest
 	// with this reason, and never taken for uncommitted.
-	Unreadable string `json:"unreadable,omitempty"`
+	Unreadable string
 	// Attempts counts the distinct save attempts whose data objects are
 	// under the prefix (ListDetailed only): more than one means a retried
 	// or concurrent save left objects the metadata may not name.
-	Attempts int `json:"-"`
+	Attempts int
 }
 
 // Age is how long ago the newest object of the checkpoint was written, or

@@ -24,18 +24,18 @@ const (
 
 // Result is the outcome of one case on one backend.
 type Result struct {
-	Case   string `json:"case"`
-	Status Status `json:"status"`
+	Case   string
+	Status Status
 	// Message is the skip reason or the failure messages.
-	Message  string        `json:"message,omitempty"`
-	Duration time.Duration `json:"duration_ns"`
+	Message  string
+	Duration time.Duration
 }
 
 // Results are the outcomes of a run on one backend, in run order.
 type Results struct {
-	Backend  string        `json:"backend"`
-	Cases    []Result      `json:"cases"`
-	Duration time.Duration `json:"duration_ns"`
+	Backend  string
+	Cases    []Result
+	Duration time.Duration
 }
 
 // Count returns how many cases ended with s.

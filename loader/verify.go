@@ -24,30 +24,30 @@ import (
 
 // Finding is one problem (or piece of information) found by Verify.
 type Finding struct {
-	Rule    string `json:"rule"`
-	Key     string `json:"key,omitempty"`
-	Object  string `json:"object,omitempty"`
-	Message string `json:"message"`
+	Rule    string
+	Key     string
+	Object  string
+	Message string
 }
 
 // VerifyReport is the outcome of Verify.
 type VerifyReport struct {
-	URL       string `json:"url"`
-	Format    string `json:"format,omitempty"`
-	Version   string `json:"version,omitempty"`
-	Writer    string `json:"writer,omitempty"`
-	Iteration int64  `json:"iteration"`
-	Deep      bool   `json:"deep"`
+	URL       string
+	Format    string
+	Version   string
+	Writer    string
+	Iteration int64
+	Deep      bool
 	// Resumable is true when there are no problems.
-	Resumable bool      `json:"resumable"`
-	Problems  []Finding `json:"problems"`
-	Info      []Finding `json:"info"`
+	Resumable bool
+	Problems  []Finding
+	Info      []Finding
 	// BytesChecked counts the bytes read by a deep verify.
-	BytesChecked int64 `json:"bytes_checked"`
+	BytesChecked int64
 	// LazyParams are the checkpoint's parameters without optimizer state
 	// (rule lazy-optimizer-state), sorted; never buffers when the
 	// checkpoint records its parameter set (see TrainingState.Params).
-	LazyParams []string `json:"lazy_params"`
+	LazyParams []string
 }
 
 // VerifyOptions tune Verify.

@@ -59,16 +59,16 @@ type Options struct {
 
 // Result describes a finished copy.
 type Result struct {
-	Source      string        `json:"source"`
-	Destination string        `json:"destination"`
-	Format      string        `json:"format"`
-	Objects     int           `json:"objects"`
-	Bytes       int64         `json:"bytes"`
-	Duration    time.Duration `json:"duration_ns"`
+	Source      string
+	Destination string
+	Format      string
+	Objects     int
+	Bytes       int64
+	Duration    time.Duration
 	// Unchecked: the source recorded no CRC32C for its items (a DCP
 	// checkpoint written by torch itself), so only the objects' sizes
 	// were checked.
-	Unchecked bool `json:"unchecked"`
+	Unchecked bool
 }
 
 // Copy copies the committed checkpoint at src to dst.

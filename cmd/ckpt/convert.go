@@ -29,9 +29,16 @@ type convertOutput struct {
 	Iteration *int64  `json:"iteration,omitempty"`
 	// Files are the safetensors files written, Index the index file ("" when
 	// unsharded), Skipped the keys safetensors does not hold.
-	Files   []safetensors.OutFile `json:"files,omitempty"`
-	Index   string                `json:"index,omitempty"`
-	Skipped []string              `json:"skipped,omitempty"`
+	Files   []convertFile `json:"files,omitempty"`
+	Index   string        `json:"index,omitempty"`
+	Skipped []string      `json:"skipped,omitempty"`
+}
+
+// convertFile is a safetensors file written (a safetensors.OutFile).
+type convertFile struct {
+	Name    string `json:"name"`
+	Size    int64  `json:"size"`
+	Tensors int    `json:"tensors"`
 }
 
 func newConvertCmd() *cobra.Command {
@@ -115,7 +122,10 @@ refused (exit 6, conflict) unless --force. Progress (tensor bytes written
 				if err != nil {
 					return err
 				}
-				out.Tensors, out.Bytes, out.Files, out.Index, out.Skipped = res.Tensors, res.TotalSize, res.Files, res.Index, res.Skipped
+				out.Tensors, out.Bytes, out.Index, out.Skipped = res.Tensors, res.TotalSize, res.Index, res.Skipped
+				for _, f := range res.Files {
+					out.Files = append(out.Files, convertFile{Name: f.Name, Size: f.Size, Tensors: f.Tensors})
+				}
 				if !asJSON {
 					for _, f := range res.Files {
 						fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (%d tensors, %s)\n", safe(dst.URL(f.Name)), f.Tensors, humanBytes(f.Size))

@@ -12,14 +12,36 @@ import (
 // diffOutput is the --json document of ckpt diff.
 type diffOutput struct {
 	header
-	A           diffSide          `json:"a"`
-	B           diffSide          `json:"b"`
-	Keys        int               `json:"keys"`
-	Compared    int               `json:"compared"`
-	Bytes       int64             `json:"bytes"`
-	Tolerance   *float64          `json:"tolerance,omitempty"`
-	Identical   bool              `json:"identical"`
-	Differences []diff.Difference `json:"differences"`
+	A           diffSide         `json:"a"`
+	B           diffSide         `json:"b"`
+	Keys        int              `json:"keys"`
+	Compared    int              `json:"compared"`
+	Bytes       int64            `json:"bytes"`
+	Tolerance   *float64         `json:"tolerance,omitempty"`
+	Identical   bool             `json:"identical"`
+	Differences []diffDifference `json:"differences"`
+}
+
+// diffDifference is one key that differs in ckpt diff's --json document
+// (a diff.Difference).
+type diffDifference struct {
+	Key        string   `json:"key"`
+	Kind       string   `json:"kind"`
+	A          string   `json:"a,omitempty"`
+	B          string   `json:"b,omitempty"`
+	SHA256A    string   `json:"sha256_a,omitempty"`
+	SHA256B    string   `json:"sha256_b,omitempty"`
+	MaxAbsDiff *float64 `json:"max_abs_diff,omitempty"`
+	Elements   int64    `json:"elements_over_tolerance,omitempty"`
+}
+
+// differencesJSON converts ds (never nil, so the member is a list).
+func differencesJSON(ds []diff.Difference) []diffDifference {
+	out := make([]diffDifference, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, diffDifference{Key: d.Key, Kind: d.Kind, A: d.A, B: d.B, SHA256A: d.SHA256A, SHA256B: d.SHA256B, MaxAbsDiff: d.MaxAbsDiff, Elements: d.Elements})
+	}
+	return out
 }
 
 type diffSide struct {
@@ -77,7 +99,7 @@ or B ("no such path"), 2 on usage errors, 4 on access errors.`,
 			}
 			if asJSON {
 				emit(cmd, &diffOutput{A: diffSide{rep.A}, B: diffSide{rep.B}, Keys: rep.Keys, Compared: rep.Compared, Bytes: rep.BytesCompared,
-					Tolerance: rep.Tolerance, Identical: rep.Identical, Differences: rep.Differences})
+					Tolerance: rep.Tolerance, Identical: rep.Identical, Differences: differencesJSON(rep.Differences)})
 			} else {
 				printDiff(cmd.OutOrStdout(), rep)
 			}

@@ -40,13 +40,21 @@ type gcDecision struct {
 }
 
 type gcResult struct {
-	Deleted        []gc.Deleted `json:"deleted"`
+	Deleted        []gcDeleted  `json:"deleted"`
 	Skipped        []gcDecision `json:"skipped"`
 	Objects        int          `json:"objects"`
 	Bytes          int64        `json:"bytes"`
 	Orphans        int          `json:"orphans"`
 	OrphanBytes    int64        `json:"orphan_bytes"`
 	UploadsAborted int          `json:"uploads_aborted"`
+}
+
+// gcDeleted is a checkpoint gc removed (a gc.Deleted).
+type gcDeleted struct {
+	Name    string `json:"name"`
+	Step    int64  `json:"step"`
+	Objects int    `json:"objects"`
+	Bytes   int64  `json:"bytes"`
 }
 
 type gcOrphan struct {
@@ -97,10 +105,10 @@ func gcResultJSON(r *gc.Result) *gcResult {
 	if r == nil {
 		return nil
 	}
-	out := &gcResult{Deleted: r.Deleted, Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed,
+	out := &gcResult{Deleted: make([]gcDeleted, 0, len(r.Deleted)), Skipped: gcDecisions(r.Skipped), Objects: r.ObjectsDeleted, Bytes: r.BytesFreed,
 		Orphans: r.OrphansDeleted, OrphanBytes: r.OrphanBytesFreed, UploadsAborted: r.UploadsAborted}
-	if out.Deleted == nil {
-		out.Deleted = []gc.Deleted{}
+	for _, d := range r.Deleted {
+		out.Deleted = append(out.Deleted, gcDeleted{Name: d.Name, Step: d.Step, Objects: d.Objects, Bytes: d.Bytes})
 	}
 	return out
 }

@@ -12,21 +12,39 @@ import (
 // verifyOutput is the --json document of ckpt verify.
 type verifyOutput struct {
 	header
-	URL       string           `json:"url"`
-	Format    string           `json:"format,omitempty"`
-	Version   string           `json:"version,omitempty"`
-	Writer    string           `json:"writer,omitempty"`
-	Iteration int64            `json:"iteration"`
-	Deep      bool             `json:"deep"`
-	Resumable bool             `json:"resumable"`
-	Problems  []loader.Finding `json:"problems"`
-	Info      []loader.Finding `json:"info"`
+	URL       string          `json:"url"`
+	Format    string          `json:"format,omitempty"`
+	Version   string          `json:"version,omitempty"`
+	Writer    string          `json:"writer,omitempty"`
+	Iteration int64           `json:"iteration"`
+	Deep      bool            `json:"deep"`
+	Resumable bool            `json:"resumable"`
+	Problems  []verifyFinding `json:"problems"`
+	Info      []verifyFinding `json:"info"`
 	// Bytes counts the data bytes a deep verify read and checked (0
 	// without --deep).
 	Bytes      int64    `json:"bytes"`
 	LazyParams []string `json:"lazy_params"`
 	// NotChecked says what a shallow verify did not check.
 	NotChecked string `json:"not_checked,omitempty"`
+}
+
+// verifyFinding is a problem or piece of information in ckpt verify's
+// --json document (a loader.Finding).
+type verifyFinding struct {
+	Rule    string `json:"rule"`
+	Key     string `json:"key,omitempty"`
+	Object  string `json:"object,omitempty"`
+	Message string `json:"message"`
+}
+
+// findingsJSON converts fs (never nil, so the member is a list).
+func findingsJSON(fs []loader.Finding) []verifyFinding {
+	out := make([]verifyFinding, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, verifyFinding{Rule: f.Rule, Key: f.Key, Object: f.Object, Message: f.Message})
+	}
+	return out
 }
 
 // shallowNote is what a verify without --deep did not check.
@@ -73,7 +91,7 @@ Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
 				}
 			}
 			out := &verifyOutput{URL: rep.URL, Format: rep.Format, Version: rep.Version, Writer: rep.Writer, Iteration: rep.Iteration,
-				Deep: rep.Deep, Resumable: rep.Resumable, Problems: rep.Problems, Info: rep.Info, Bytes: rep.BytesChecked, LazyParams: rep.LazyParams}
+				Deep: rep.Deep, Resumable: rep.Resumable, Problems: findingsJSON(rep.Problems), Info: findingsJSON(rep.Info), Bytes: rep.BytesChecked, LazyParams: rep.LazyParams}
 			if !deep {
 				out.NotChecked = shallowNote
 			}

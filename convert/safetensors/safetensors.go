@@ -108,22 +108,22 @@ type Options struct {
 
 // OutFile is one written file.
 type OutFile struct {
-	Name    string `json:"name"`
-	Size    int64  `json:"size"`
-	Tensors int    `json:"tensors"`
+	Name    string
+	Size    int64
+	Tensors int
 }
 
 // Result describes a conversion.
 type Result struct {
-	Files []OutFile `json:"files"`
+	Files []OutFile
 	// Index is IndexFile when the output is sharded, else "".
-	Index   string `json:"index,omitempty"`
-	Tensors int    `json:"tensors"`
+	Index   string
+	Tensors int
 	// TotalSize is the tensors' data bytes (the index's total_size).
-	TotalSize int64 `json:"total_size"`
+	TotalSize int64
 	// Skipped lists source keys not written: bytes values, which
 	// safetensors cannot hold, and with ModelOnly the non-model keys.
-	Skipped []string `json:"skipped"`
+	Skipped []string
 }
 
 type item struct {

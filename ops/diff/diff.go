@@ -48,18 +48,18 @@ const (
 
 // Difference is one key that differs.
 type Difference struct {
-	Key  string `json:"key"`
-	Kind string `json:"kind"`
+	Key  string
+	Kind string
 	// A and B describe each side ("float32[4 3]", "bytes(12)", "").
-	A string `json:"a,omitempty"`
-	B string `json:"b,omitempty"`
+	A string
+	B string
 	// SHA256A and SHA256B are the content hashes of an exact comparison.
-	SHA256A string `json:"sha256_a,omitempty"`
-	SHA256B string `json:"sha256_b,omitempty"`
+	SHA256A string
+	SHA256B string
 	// MaxAbsDiff is the largest absolute element difference, and Elements
 	// the number of elements beyond the tolerance (tolerance mode only).
-	MaxAbsDiff *float64 `json:"max_abs_diff,omitempty"`
-	Elements   int64    `json:"elements_over_tolerance,omitempty"`
+	MaxAbsDiff *float64
+	Elements   int64
 }
 
 // Options tune Compare.
@@ -77,16 +77,16 @@ type Options struct {
 
 // Report is the outcome of Compare.
 type Report struct {
-	A string `json:"a"`
-	B string `json:"b"`
+	A string
+	B string
 	// Keys counts the union of both key sets; Compared the keys present on
 	// both sides with the same kind, dtype and shape.
-	Keys          int          `json:"keys"`
-	Compared      int          `json:"compared"`
-	BytesCompared int64        `json:"bytes_compared"`
-	Tolerance     *float64     `json:"tolerance,omitempty"`
-	Identical     bool         `json:"identical"`
-	Differences   []Difference `json:"differences"`
+	Keys          int
+	Compared      int
+	BytesCompared int64
+	Tolerance     *float64
+	Identical     bool
+	Differences   []Difference
 }
 
 // Compare compares checkpoints a and b key by key, in key order.

@@ -18,23 +18,23 @@ import (
 // Plan is the outcome of planning a collection: the run's checkpoints with
 // a decision each, and the newest valid checkpoint that anchors the policy.
 type Plan struct {
-	Run string `json:"run"`
+	Run string
 	// NewestValid names the newest committed checkpoint that passes
 	// verification ("" when none does).
-	NewestValid string     `json:"newest_valid"`
-	Decisions   []Decision `json:"decisions"`
+	NewestValid string
+	Decisions   []Decision
 	// Deletions and DeleteBytes total the checkpoints to delete.
-	Deletions   int   `json:"deletions"`
-	DeleteBytes int64 `json:"delete_bytes"`
+	Deletions   int
+	DeleteBytes int64
 	// Orphans are data objects under kept committed checkpoints that their
 	// metadata does not name and that are older than the grace period
 	// (FindOrphans); DeleteOrphans removes them.
-	Orphans     []Orphan `json:"orphans"`
-	OrphanBytes int64    `json:"orphan_bytes"`
+	Orphans     []Orphan
+	OrphanBytes int64
 	// Uploads are incomplete multipart or resumable uploads under the run started
 	// longer than the grace period ago (FindUploads); AbortUploads
 	// aborts them.
-	Uploads []backend.Upload `json:"uploads"`
+	Uploads []backend.Upload
 }
 
 // PlanRun lists run once, finds its newest valid checkpoint (verified as
@@ -94,26 +94,26 @@ type Options struct {
 
 // Deleted is one checkpoint removed by Execute.
 type Deleted struct {
-	Name    string `json:"name"`
-	Step    int64  `json:"step"`
-	Objects int    `json:"objects"`
-	Bytes   int64  `json:"bytes"`
+	Name    string
+	Step    int64
+	Objects int
+	Bytes   int64
 }
 
 // Result is what Execute did.
 type Result struct {
-	Deleted []Deleted `json:"deleted"`
+	Deleted []Deleted
 	// Skipped are doomed checkpoints left alone because they changed
 	// between planning and deletion (a writer touched them).
-	Skipped        []Decision `json:"skipped"`
-	ObjectsDeleted int        `json:"objects_deleted"`
-	BytesFreed     int64      `json:"bytes_freed"`
+	Skipped        []Decision
+	ObjectsDeleted int
+	BytesFreed     int64
 	// OrphansDeleted and OrphanBytesFreed count the orphan data objects
 	// DeleteOrphans removed (the CLI runs it after Execute).
-	OrphansDeleted   int   `json:"orphans_deleted"`
-	OrphanBytesFreed int64 `json:"orphan_bytes_freed"`
+	OrphansDeleted   int
+	OrphanBytesFreed int64
 	// UploadsAborted counts the incomplete uploads AbortUploads aborted.
-	UploadsAborted int `json:"uploads_aborted"`
+	UploadsAborted int
 }
 
 // Execute deletes the checkpoints the decisions mark, oldest first, below

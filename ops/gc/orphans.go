@@ -19,10 +19,10 @@ import (
 // does not name: the objects of a save attempt that lost the commit to a
 // concurrent writer, or of the attempt an overwrite replaced.
 type Orphan struct {
-	Checkpoint string    `json:"checkpoint"`
-	Key        string    `json:"key"` // relative to the run
-	Bytes      int64     `json:"bytes"`
-	ModTime    time.Time `json:"mod_time"`
+	Checkpoint string
+	Key        string // relative to the run
+	Bytes      int64
+	ModTime    time.Time
 }
 
 // FindOrphans returns the orphans under the committed native checkpoints

@@ -57,9 +57,9 @@ func (p Policy) Validate() error {
 
 // Decision is what gc does with one checkpoint prefix, and why.
 type Decision struct {
-	Entry  catalog.Entry `json:"checkpoint"`
-	Delete bool          `json:"delete"`
-	Reason string        `json:"reason"`
+	Entry  catalog.Entry
+	Delete bool
+	Reason string
 }
 
 // Decide applies p to the entries of a run (as catalog.List returns them)
