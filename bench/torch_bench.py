@@ -242,7 +242,7 @@ def main():
     if stats:
         print(f"  last ckptkit load: {stats.get('in_place_items')} items ({stats.get('in_place_bytes', 0) >> 20} MiB) read in place, "
               f"{stats.get('buffered_items')} items ({stats.get('buffered_bytes', 0) >> 10} KiB) buffered, "
-              f"{stats.get('calls')} read calls, {stats.get('seconds')}")
+              f"{stats.get('calls')} read calls, seconds " + ", ".join(f"{k} {v:.4f}" for k, v in stats.get('seconds', {}).items()))
     out = {"bytes": nbytes, "runs": res, "median": med, "ratios": ratios, "torch": torch.__version__,
            "load_average": [load_before, load_after], "reader_stats": stats}
     if args.async_saves:

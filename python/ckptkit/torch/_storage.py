@@ -705,7 +705,7 @@ class StorageReader(_TorchStorageReader):
         ck = self._checkpoint()
         t0 = time.perf_counter()
         stats = self.last_read_stats = {"in_place_items": 0, "in_place_bytes": 0, "buffered_items": 0,
-                                        "buffered_bytes": 0, "around_bytes": 0, "calls": 0}
+                                        "buffered_bytes": 0, "around_bytes": 0, "calls": 0, "seconds": {}}
         # Tensors whose stored bytes can land in their target as they are
         # (a whole stored chunk, target contiguous on the CPU, same dtype
         # and shape) are read straight into it; the rest (bytes items,
@@ -730,7 +730,7 @@ class StorageReader(_TorchStorageReader):
         t1 = time.perf_counter()
         if rest:
             self._read_buffered(ck, rest, planner, resolved, stats)
-        stats["seconds"] = {"in_place": t1 - t0, "buffered": time.perf_counter() - t1}
+        stats["seconds"].update(plan=t1 - t0 - sum(stats["seconds"].values()), buffered=time.perf_counter() - t1)
 
         fut = Future()
         fut.set_result(None)
@@ -743,6 +743,7 @@ class StorageReader(_TorchStorageReader):
         its storage bytes into the target and the bytes around them into a
         scratch buffer, its CRC32C computed as they land. Returns the reqs
         that must be read through a buffer instead (another layout)."""
+        t0 = time.perf_counter()
         cands.sort(key=lambda c: (c[0], c[1]))
         heads = bytearray(HEAD_BYTES * len(cands))
         hv = memoryview(heads)
@@ -750,6 +751,7 @@ class StorageReader(_TorchStorageReader):
         ck.read_items([(p, off, [(base + i * HEAD_BYTES, min(ln, HEAD_BYTES))]) for i, (p, off, ln, _, _) in enumerate(cands)],
                       self.concurrency, check=False)
         stats["calls"] += 1
+        t1 = time.perf_counter()
         rest, go = [], []
         for i, (path, off, ln, req, dst) in enumerate(cands):
             loc = locate_storage(hv[i * HEAD_BYTES : i * HEAD_BYTES + min(ln, HEAD_BYTES)])
@@ -774,10 +776,12 @@ class StorageReader(_TorchStorageReader):
             items.append((path, off, segs))
             spans.append((head, tail))
         check = self.crcs is not None
+        t2 = time.perf_counter()
         crcs = ck.read_items(items, self.concurrency, check=check,
                              keys=[req.storage_index.fqn for _, _, _, req, _, _ in go])
         stats["calls"] += 1
         stats["around_bytes"] += around
+        t3 = time.perf_counter()
         for k, ((path, off, ln, req, dst, loc), (head, tail)) in enumerate(zip(go, spans)):
             if check:
                 self._check_crc(ck, req, path, off, ln, crcs[k])
@@ -787,6 +791,7 @@ class StorageReader(_TorchStorageReader):
             planner.commit_tensor(req, dst)
             stats["in_place_items"] += 1
             stats["in_place_bytes"] += loc.end - loc.start
+        stats["seconds"].update(heads=t1 - t0, locate=t2 - t1, read=t3 - t2, confirm=time.perf_counter() - t3)
         return rest
 
     def _check_crc(self, ck, req, path, off, ln, got):
