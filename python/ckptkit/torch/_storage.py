@@ -374,11 +374,12 @@ class StorageWriter(_TorchStorageWriter):
             free.put(_Part(1 << 20))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
         futures = []
+        scope = _lib.CancelScope()
 
         def upload(name, part):
             try:
                 bufs, groups = part.body()
-                _, crcs = st.put(name, bufs, groups=groups)
+                _, crcs = st.put(name, bufs, groups=groups, scope=scope)
                 out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc, sp.save_id))
                        for (wi, off, n), crc in zip(part.items, crcs)]
                 del bufs
@@ -403,8 +404,14 @@ class StorageWriter(_TorchStorageWriter):
                 futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
             for f in futures:
                 f.result()
+        except BaseException:
+            # Ctrl-C (or a failed upload): stop the uploads in flight
+            # before waiting for the pool; nothing is committed.
+            scope.cancel()
+            raise
         finally:
             pool.shutdown(wait=True)
+            scope.close()
             self._staged_written()
         fut = Future()
         fut.set_result(results)
@@ -712,6 +719,7 @@ class StorageReader(_TorchStorageReader):
                     reads.append(cur)
         lock = threading.Lock()
         local = threading.local()
+        scope = _lib.CancelScope()
 
         def run(r):
             path, start, end, reqs = r
@@ -743,11 +751,11 @@ class StorageReader(_TorchStorageReader):
                 if pos < end:
                     seg_lens.append(end - pos)
                     seg_items.append(None)
-                for item_key, crc in zip(seg_items, ck.read_segments(path, start, mv, seg_lens)):
+                for item_key, crc in zip(seg_items, ck.read_segments(path, start, mv, seg_lens, scope=scope)):
                     if item_key is not None:
                         got_crcs[item_key] = crc
             else:
-                ck.read_into(path, start, mv)
+                ck.read_into(path, start, mv, scope=scope)
             for off, ln, req in reqs:
                 item = mv[off - start:off - start + ln]
                 if self.crcs is not None:
@@ -781,13 +789,20 @@ class StorageReader(_TorchStorageReader):
                 with lock:
                     planner.commit_tensor(req, dst)
 
-        if len(reads) <= 1 or self.concurrency == 1:
-            for r in reads:
-                run(r)
-        else:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-read") as ex:
-                for f in [ex.submit(run, r) for r in reads]:
-                    f.result()
+        # Ctrl-C (or any failure) cancels the reads in flight before the
+        # pool is waited for.
+        with scope:
+            if len(reads) <= 1 or self.concurrency == 1:
+                for r in reads:
+                    run(r)
+            else:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-read") as ex:
+                    try:
+                        for f in [ex.submit(run, r) for r in reads]:
+                            f.result()
+                    except BaseException:
+                        scope.cancel()
+                        raise
         fut = Future()
         fut.set_result(None)
         return fut
@@ -855,11 +870,13 @@ class Checkpoint(_lib.Closing):
     run has no committed checkpoint)."""
 
     def __init__(self, url):
+        self._h = 0
+        self._close_lock = threading.Lock()
         h = ctypes.c_size_t(0)
         info = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), ctypes.byref(h), ctypes.byref(info))
-        self._h = h
-        self.info = json.loads(_lib.take_string(info))
+        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), _lib.environment(), ctypes.byref(h), ctypes.byref(info))
+        self._h = h.value
+        self.info = json.loads(_lib.take_string(info.value))
         self.url = self.info["url"]
         self._md = None
         self._crcs = False
@@ -874,7 +891,7 @@ class Checkpoint(_lib.Closing):
         """The metadata object's bytes, as read at open."""
         out = ctypes.c_void_p()
         n = ctypes.c_int64(0)
-        _lib.call("ckpt_checkpoint_metadata", self._h, ctypes.byref(out), ctypes.byref(n))
+        _lib.call("ckpt_checkpoint_metadata", self._handle(), ctypes.byref(out), ctypes.byref(n))
         return _lib.take_bytes(out.value, n.value)
 
     def torch_metadata(self):
@@ -937,14 +954,14 @@ class Checkpoint(_lib.Closing):
                     f"{tag}, which ckptkit writes with its CRC32Cs")
         return self._crcs
 
-    def read_into(self, key, offset, buf):
+    def read_into(self, key, offset, buf, *, scope=None):
         """Read len(buf) bytes of data object key at offset into buf."""
-        return self._store.read_into(key, offset, buf)
+        return self._store.read_into(key, offset, buf, scope=scope)
 
-    def read_segments(self, key, offset, buf, lengths):
+    def read_segments(self, key, offset, buf, lengths, *, scope=None):
         """Read consecutive segments of data object key into buf and return
         their CRC32Cs (see Store.read_segments)."""
-        return self._store.read_segments(key, offset, buf, lengths)
+        return self._store.read_segments(key, offset, buf, lengths, scope=scope)
 
     def object_url(self, key=""):
         """The redacted URL of an object of the checkpoint."""
@@ -957,12 +974,20 @@ class Checkpoint(_lib.Closing):
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_load", self._h, json.dumps(spec).encode(), arr, n, ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        return json.loads(_lib.take_string(out.value))
+
+    def _handle(self):
+        h = self._h
+        if not h:
+            raise ckptkit.UsageError(f"checkpoint {self.url} is closed")
+        return h
 
     def close(self):
-        """Release the checkpoint (idempotent)."""
-        if self._h.value:
-            h, self._h = self._h, ctypes.c_size_t(0)
-            self._store._h = ctypes.c_size_t(0)
+        """Release the checkpoint (idempotent, thread-safe): waits for the
+        calls in flight on it; later calls raise UsageError."""
+        with self._close_lock:
+            h, self._h = self._h, 0
+        if h:
+            self._store._h = 0
             _lib.call("ckpt_checkpoint_close", h)
