@@ -82,7 +82,10 @@ func TestHandleCloseWaitsForCallsInFlight(t *testing.T) {
 	}()
 	// Closing: new calls fail at once, the close waits for the call.
 	require.Eventually(t, func() bool {
-		_, _, err := acquire[*thing](&tb, h, "thing")
+		_, rel, err := acquire[*thing](&tb, h, "thing")
+		if err == nil {
+			rel() // not closing yet
+		}
 		return err != nil && strings.Contains(err.Error(), "is closed")
 	}, 5*time.Second, time.Millisecond)
 	select {

@@ -99,8 +99,10 @@ _SIGNATURES = {
 }
 
 #: The calls that take a cancellation token first (call() passes it).
-CANCELLABLE = frozenset(n for n, (args, _) in _SIGNATURES.items() if args[:1] == [_tok] and n.startswith("ckpt_")
-                        and n not in ("ckpt_cancel", "ckpt_cancel_free"))
+CANCELLABLE = frozenset({
+    "ckpt_open", "ckpt_put", "ckpt_read", "ckpt_read_segments", "ckpt_read_all", "ckpt_stat", "ckpt_list",
+    "ckpt_delete", "ckpt_checkpoint_open", "ckpt_checkpoint_load", "ckpt_saver_save", "ckpt_save_wait",
+    "ckpt_saver_idle"})
 
 _lib = None
 _lock = threading.Lock()
