@@ -270,7 +270,13 @@ def call(name, *args, scope=None):
     own = scope is None
     sc = CancelScope() if own else scope
     try:
-        fut = _helper().submit(_invoke, fn, (sc.handle(),) + args)
+        try:
+            fut = _helper().submit(_invoke, fn, (sc.handle(),) + args)
+        except RuntimeError:
+            # The interpreter is exiting (no new helper threads): call
+            # directly.
+            _invoke(fn, (sc.handle(),) + args)
+            return
         try:
             fut.result()
         except BaseException:

@@ -291,7 +291,8 @@ for inflight in (False, True):
             st.read("a")
         except ckptkit.UsageError as e:
             ok = "fork" in str(e) and "spawn" in str(e) and "forkserver" in str(e)
-            sys.stdout.write(f"child: {{e}}\\n")
+            ok = ok and time.monotonic() - t0 < 1.0  # the error within a second
+            sys.stdout.write(f"child: {{time.monotonic() - t0:.3f}} s: {{e}}\\n")
             sys.stdout.flush()
             # A normal exit: the atexit hooks must not reach the Go core.
             sys.exit(0 if ok else 3)
@@ -305,9 +306,7 @@ for inflight in (False, True):
             os.kill(pid, 9)
             raise AssertionError("the forked child hung")
         time.sleep(0.01)
-    took = time.monotonic() - t0
     assert os.waitstatus_to_exitcode(status) == 0, status
-    assert took < 1.0, took
     assert st.read("a") == b"1"  # the parent goes on
     if h is not None:
         assert h.wait().endswith("step-00000002")
@@ -381,7 +380,9 @@ def _interrupt(url, what):
             p.stdin.write("\n")
             p.stdin.flush()
         assert p.stdout.readline().strip() == "started"
-        time.sleep(1.5)  # well into the uploads or downloads
+        # Into the uploads or downloads (an asynchronous save of this size
+        # commits in about a second on the local server: earlier).
+        time.sleep(0.4 if what == "async" else 1.5)
         sent = time.time()
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
@@ -397,14 +398,18 @@ def _interrupt(url, what):
 
 
 def _nothing_committed(url):
-    st = ckptkit.Store(url)
-    keys = [o.key for o in st.list()]
-    st.close()
-    assert not any(k.endswith(".metadata") or k.endswith("ckptkit.json") for k in keys if "step-00000001" in k), keys
-    # No multipart upload left behind (ckpt gc lists those of the prefix).
-    r = subprocess.run([os.environ.get("CKPTKIT_CKPT_BIN") or os.path.join(REPO, "bin", "ckpt"), "gc", "--json",
-                        "--dry-run", "--grace", "0s", url], capture_output=True, text=True)
-    return keys, r
+    """Assert that the run at url holds no committed checkpoint and no
+    incomplete upload (ckpt gc lists those)."""
+    from ckptkit.torch import Checkpoint
+    try:
+        with Checkpoint(url) as ck:
+            assert ck.none, ck.info
+    except ckptkit.IncompleteError:
+        pass  # data objects, never committed
+    r = subprocess.run([os.environ.get("CKPTKIT_CKPT_BIN") or os.path.join(REPO, "bin", "ckpt"), "gc", url,
+                        "--keep-last", "1", "--dry-run", "--grace", "0s", "--json"], capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    assert not doc.get("uploads"), doc
 
 
 @pytest.mark.parametrize("what", ["sync", "async"])
@@ -413,8 +418,7 @@ def test_sigint_during_a_large_save_to_s3_stops_it_within_a_second(what):
     took, exited, out, err = _interrupt(url, what)
     assert "committed" not in out
     assert took < 1.0, f"KeyboardInterrupt {took:.2f} s after SIGINT"
-    keys, gc = _nothing_committed(url)
-    assert "upload" not in gc.stdout.lower() or '"uploads": []' in gc.stdout or '"uploads":null' in gc.stdout, gc.stdout
+    _nothing_committed(url)
 
 
 def test_sigint_during_a_resume_from_s3_stops_it_within_a_second():
@@ -449,9 +453,10 @@ from ckptkit.torch import save
 url, mode = sys.argv[1], sys.argv[2]
 m = torch.nn.Module()
 m.w = torch.nn.Parameter(torch.randn(16 << 20))  # 64 MiB
-# A disk that refuses the data objects (EFBIG past 1 MiB), even as root.
+# A disk that refuses the data object 40 MiB into its write (EFBIG), even
+# as root: staged, save returns, the write fails in the background.
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIMIT_INFINITY))
+resource.setrlimit(resource.RLIMIT_FSIZE, (40 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 h = save(url, m, step=1, async_save=True)
 print("returned", flush=True)
 if mode == "close":
@@ -480,4 +485,6 @@ def test_a_failed_last_async_save_at_exit_is_logged_and_the_exit_code_is_not_0(t
     assert "returned" in r.stdout
     assert r.returncode != 0, (r.stdout, r.stderr[-3000:])
     assert "last asynchronous save failed" in r.stderr and "step-00000001" in r.stderr, r.stderr[-3000:]
-    assert not os.path.exists(os.path.join(str(tmp_path), "step-00000001", "ckptkit.json"))
+    from ckptkit.torch import Checkpoint
+    with Checkpoint("file://" + str(tmp_path)) as ck:
+        assert ck.none, ck.info
