@@ -274,6 +274,26 @@ print("ok")
     assert "refused:" in r.stdout and "ok" in r.stdout
 
 
+def test_emulator_host_set_after_import_reaches_the_gcs_emulator():
+    base, host = os.environ.get("CKPTKIT_TEST_GCS_URL"), os.environ.get("STORAGE_EMULATOR_HOST")
+    if not base or not host:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CKPTKIT_TEST_GCS_URL / STORAGE_EMULATOR_HOST not set")
+        pytest.skip("the GCS emulator is not running (scripts/test-servers.sh)")
+    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+    r = run_py(f'''
+import os, uuid, ckptkit
+ckptkit.abi_version()
+os.environ["STORAGE_EMULATOR_HOST"] = "{host}"
+st = ckptkit.Store("{sub_url(base, "env-" + uuid.uuid4().hex[:8])}")
+st.put("a", b"hello")
+assert st.read("a") == b"hello"
+st.delete("a")
+print("ok")
+''', env=env)
+    assert "ok" in r.stdout
+
+
 def test_forked_child_gets_a_clear_error_and_the_parent_goes_on(tmp_path):
     r = run_py(f'''
 import os, sys, time, ckptkit, torch
