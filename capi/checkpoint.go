@@ -416,7 +416,9 @@ func (ch *ckptHandle) switchTo(run *backend.Store, c *loader.Checkpoint, fallbac
 	name := path.Base(strings.TrimSuffix(base, "/"))
 	step, _ := catalog.ParseStep(name)
 	skips := append(ch.info.Skipped, fallbacks...)
+	env := ch.env
 	*ch = *newCkptHandle(&storeHandle{st: run}, c, name, skips)
+	ch.env = env
 	ch.info.Step = step
 	ch.run = run
 }

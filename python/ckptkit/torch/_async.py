@@ -40,6 +40,7 @@ class AsyncSaver(_lib.Closing):
     def __init__(self, staging_bytes=None):
         self._h = 0
         self._close_lock = threading.Lock()
+        self._last = None  # the newest AsyncSave
         self.staging_bytes = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
         h = ctypes.c_size_t(0)
         _lib.call("ckpt_saver_new", self.staging_bytes, ctypes.byref(h))
@@ -70,7 +71,8 @@ class AsyncSaver(_lib.Closing):
         # their memory until the state is staged, and never after.
         _lib.call("ckpt_saver_save", self._handle(), url.encode(), _lib.environment(), json.dumps(spec).encode(), arr,
                   len(ptrs), ctypes.byref(out))
-        return AsyncSave(out.value, url)
+        self._last = AsyncSave(out.value, url)
+        return self._last
 
     def stats(self):
         """The staging figures: budget_bytes, pool_bytes (allocated),
@@ -262,7 +264,9 @@ def _at_exit():
                         type(interrupted).__name__)
             return
         log.error("ckptkit: the last asynchronous save failed at exit, nothing of it was committed: %s", e)
-        if getattr(sys, "last_exc", None) is None and getattr(sys, "last_value", None) is None:
+        last = s._last
+        seen = last is not None and last._error is not None  # the job saw it in wait() and went on
+        if not seen and getattr(sys, "last_exc", None) is None and getattr(sys, "last_value", None) is None:
             # The job would end "successfully": it must not. (os._exit: an
             # exit handler cannot change the exit status otherwise; the
             # handlers registered before this one do not run.)
