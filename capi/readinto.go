@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/ckptkit/ckptkit/backend"
 )
 
 // readItem is one ranged read of ckpt_read_items: length bytes of key at
@@ -24,64 +26,72 @@ type readItem struct {
 }
 
 // ckpt_read_items reads n items of the store at once, up to conc of them
-// in flight (conc <= 0: one). Item i is one ranged read of keys[i] at
-// offsets[i] whose bytes land, in turn, in nsegs[i] C buffers: the item's
-// segments, taken in order from the flattened arrays seg_ptrs/seg_lens (so
-// an item's bytes can go straight into a caller's tensor, with only the
-// parts around it in a scratch buffer). When crcs is not NULL, crcs[i]
-// receives the CRC32C of item i's bytes (all its segments, in order),
-// computed in 256 KiB pieces as they land, while they are in cache; with
-// crcs NULL nothing is hashed. The call blocks until every item is read or
-// one failed: then the reads in flight are cancelled, *failed (when not
-// NULL) receives the index of the item whose error is returned, and the
-// message names its object URL, offset and length. Buffers of items not yet
-// finished may hold partial data after a failure.
+// in flight (conc <= 0: one), under cancellation token tok (0: none). Item
+// i is one ranged read of keys[i] at offsets[i] whose bytes land, in turn,
+// in nsegs[i] C buffers: the item's segments, taken in order from the
+// flattened arrays seg_ptrs/seg_lens (so an item's bytes can go straight
+// into a caller's tensor, with only the parts around it in a scratch
+// buffer). When crcs is not NULL, crcs[i] receives the CRC32C of item i's
+// bytes (all its segments, in order), computed in 256 KiB pieces as they
+// land, while they are in cache; with crcs NULL nothing is hashed. The
+// call blocks until every item is read or one failed: then the reads in
+// flight are cancelled, *failed (when not NULL) receives the index of the
+// item whose error is returned, and the message names its object URL,
+// offset and length. Buffers of items not yet finished may hold partial
+// data after a failure.
 //
 //export ckpt_read_items
-func ckpt_read_items(h C.uintptr_t, n C.int, keys **C.char, offsets *C.int64_t, nsegs *C.int32_t,
+func ckpt_read_items(tok, h C.uintptr_t, n C.int, keys **C.char, offsets *C.int64_t, nsegs *C.int32_t,
 	segLens *C.int64_t, segPtrs *unsafe.Pointer, crcs *C.uint32_t, conc C.int, failed *C.int,
 	cls *C.int, rule, msg **C.char) C.int {
 	if failed != nil {
 		*failed = -1
 	}
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	if n < 0 || (n > 0 && (keys == nil || offsets == nil || nsegs == nil)) {
-		return fail(fmt.Errorf("%w: %d items", errUsage, n), cls, rule, msg)
-	}
-	if n == 0 {
-		return 0
-	}
-	items, err := readItems(int(n), keys, offsets, nsegs, segLens, segPtrs)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
+	return guard("ckpt_read_items", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			if n < 0 || (n > 0 && (keys == nil || offsets == nil || nsegs == nil)) {
+				return fmt.Errorf("%w: %d items", errUsage, n)
+			}
+			if n == 0 {
+				return nil
+			}
+			items, err := readItems(int(n), keys, offsets, nsegs, segLens, segPtrs)
+			if err != nil {
+				return err
+			}
+			bad, err := readAll(ctx, sh, items, crcs, int(conc))
+			if err != nil && failed != nil {
+				*failed = C.int(bad)
+			}
+			return err
+		})
+	})
+}
+
+// readAll reads items, up to conc at once, each item's CRC32C into crcs
+// (when not NULL); on failure it returns the index of the item whose
+// error it returns.
+func readAll(ctx context.Context, sh *storeHandle, items []readItem, crcs *C.uint32_t, conc int) (int, error) {
 	var sums []uint32
 	if crcs != nil {
 		sums = unsafe.Slice((*uint32)(unsafe.Pointer(crcs)), len(items))
 	}
 	var mu sync.Mutex
 	bad := -1
-	g, ctx := errgroup.WithContext(context.Background())
-	g.SetLimit(max(1, int(conc)))
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, conc))
 	for i := range items {
 		it := &items[i]
 		g.Go(func() error {
-			var tap *segmentCRCs
+			var tap backend.Tap
+			var sum *segmentCRCs
 			if sums != nil {
 				// One segment the item's length: one CRC over all its
 				// destinations (ReadRangeInto's pieces never cross one).
-				tap = &segmentCRCs{lens: []int64{it.length}, crcs: make([]uint32, 1)}
+				sum = &segmentCRCs{lens: []int64{it.length}, crcs: make([]uint32, 1)}
+				tap = sum
 			}
-			var err error
-			if tap != nil {
-				err = sh.st.ReadRangeInto(ctx, it.key, it.offset, it.dsts, tap)
-			} else {
-				err = sh.st.ReadRangeInto(ctx, it.key, it.offset, it.dsts, nil)
-			}
-			if err != nil {
+			if err := sh.st.ReadRangeInto(ctx, it.key, it.offset, it.dsts, tap); err != nil {
 				mu.Lock()
 				if bad < 0 && ctx.Err() == nil {
 					bad = i // the first failure: its error is the group's
@@ -89,21 +99,16 @@ func ckpt_read_items(h C.uintptr_t, n C.int, keys **C.char, offsets *C.int64_t, 
 				mu.Unlock()
 				return fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(it.key), it.offset, it.length, err)
 			}
-			if tap != nil {
-				sums[i] = tap.crcs[0]
+			if sum != nil {
+				sums[i] = sum.crcs[0]
 			}
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		mu.Lock()
-		defer mu.Unlock()
-		if failed != nil {
-			*failed = C.int(bad)
-		}
-		return fail(err, cls, rule, msg)
-	}
-	return 0
+	err := g.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	return bad, err
 }
 
 // readItems turns ckpt_read_items' C arrays into items, checking every

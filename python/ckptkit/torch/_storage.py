@@ -381,11 +381,12 @@ class StorageWriter(_TorchStorageWriter):
             free.put(_Part(1 << 20))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
         futures = []
+        scope = _lib.CancelScope()
 
         def upload(name, part):
             try:
                 bufs, groups = part.body()
-                _, crcs = st.put(name, bufs, groups=groups)
+                _, crcs = st.put(name, bufs, groups=groups, scope=scope)
                 out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc, sp.save_id))
                        for (wi, off, n), crc in zip(part.items, crcs)]
                 del bufs
@@ -410,8 +411,14 @@ class StorageWriter(_TorchStorageWriter):
                 futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
             for f in futures:
                 f.result()
+        except BaseException:
+            # Ctrl-C (or a failed upload): stop the uploads in flight
+            # before waiting for the pool; nothing is committed.
+            scope.cancel()
+            raise
         finally:
             pool.shutdown(wait=True)
+            scope.close()
             self._staged_written()
         fut = Future()
         fut.set_result(results)
@@ -725,18 +732,21 @@ class StorageReader(_TorchStorageReader):
                 rest.append(req)
                 continue
             cands.append((info.relative_path, info.offset, info.length, req, dst))
-        if cands:
-            rest += self._read_in_place(ck, cands, planner, stats)
-        t1 = time.perf_counter()
-        if rest:
-            self._read_buffered(ck, rest, planner, resolved, stats)
+        # Ctrl-C (or any failure) cancels the reads in flight, of either
+        # path, before the read threads are waited for.
+        with _lib.CancelScope() as scope:
+            if cands:
+                rest += self._read_in_place(ck, cands, planner, stats, scope)
+            t1 = time.perf_counter()
+            if rest:
+                self._read_buffered(ck, rest, planner, resolved, stats, scope)
         stats["seconds"].update(plan=t1 - t0 - sum(stats["seconds"].values()), buffered=time.perf_counter() - t1)
 
         fut = Future()
         fut.set_result(None)
         return fut
 
-    def _read_in_place(self, ck, cands, planner, stats):
+    def _read_in_place(self, ck, cands, planner, stats, scope):
         """Read the candidates (path, offset, length, req, target) straight
         into their targets, in two batched calls: the first HEAD_BYTES of
         each item (where its storage record begins), then each item whole,
@@ -778,7 +788,7 @@ class StorageReader(_TorchStorageReader):
         check = self.crcs is not None
         t2 = time.perf_counter()
         crcs = ck.read_items(items, self.concurrency, check=check,
-                             keys=[req.storage_index.fqn for _, _, _, req, _, _ in go])
+                             keys=[req.storage_index.fqn for _, _, _, req, _, _ in go], scope=scope)
         stats["calls"] += 1
         stats["around_bytes"] += around
         t3 = time.perf_counter()
@@ -804,7 +814,7 @@ class StorageReader(_TorchStorageReader):
                 f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
                 rule="checksum")
 
-    def _read_buffered(self, ck, reqs, planner, resolved, stats):
+    def _read_buffered(self, ck, reqs, planner, resolved, stats, scope):
         """Read reqs in coalesced ranged reads into reusable buffers, check
         each item and copy it into its target (or hand a bytes item to the
         planner). resolved holds the targets already resolved."""
@@ -859,11 +869,11 @@ class StorageReader(_TorchStorageReader):
                 if pos < end:
                     seg_lens.append(end - pos)
                     seg_items.append(None)
-                for item_key, crc in zip(seg_items, ck.read_segments(path, start, mv, seg_lens)):
+                for item_key, crc in zip(seg_items, ck.read_segments(path, start, mv, seg_lens, scope=scope)):
                     if item_key is not None:
                         got_crcs[item_key] = crc
             else:
-                ck.read_into(path, start, mv)
+                ck.read_into(path, start, mv, scope=scope)
             with lock:
                 stats["calls"] += 1
                 stats["buffered_items"] += len(reqs)
@@ -903,8 +913,12 @@ class StorageReader(_TorchStorageReader):
                 run(r)
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-read") as ex:
-                for f in [ex.submit(run, r) for r in reads]:
-                    f.result()
+                try:
+                    for f in [ex.submit(run, r) for r in reads]:
+                        f.result()
+                except BaseException:
+                    scope.cancel()
+                    raise
 
     @property
     def checkpoint_id(self):
@@ -955,20 +969,6 @@ def _called_by_dcp_loader():
     return f is not None and f.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict_loader"
 
 
-_READ_ITEMS_ARGS = [ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64),
-                    ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p),
-                    ctypes.POINTER(ctypes.c_uint32), ctypes.c_int, ctypes.POINTER(ctypes.c_int)] + _lib._ERR
-
-
-def _declare_read_items():
-    """Give the library's ckpt_read_items (capi/readinto.go) its C
-    signature, once."""
-    fn = _lib.lib().ckpt_read_items
-    if fn.argtypes is None:
-        fn.restype = ctypes.c_int
-        fn.argtypes = _READ_ITEMS_ARGS
-
-
 def _addr(buf):
     """The address of a bytearray's first byte (kept alive by the caller)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
@@ -988,11 +988,13 @@ class Checkpoint(_lib.Closing):
     run has no committed checkpoint)."""
 
     def __init__(self, url):
+        self._h = 0
+        self._close_lock = threading.Lock()
         h = ctypes.c_size_t(0)
         info = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), ctypes.byref(h), ctypes.byref(info))
-        self._h = h
-        self.info = json.loads(_lib.take_string(info))
+        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), _lib.environment(), ctypes.byref(h), ctypes.byref(info))
+        self._h = h.value
+        self.info = json.loads(_lib.take_string(info.value))
         self.url = self.info["url"]
         self._md = None
         self._crcs = False
@@ -1007,7 +1009,7 @@ class Checkpoint(_lib.Closing):
         """The metadata object's bytes, as read at open."""
         out = ctypes.c_void_p()
         n = ctypes.c_int64(0)
-        _lib.call("ckpt_checkpoint_metadata", self._h, ctypes.byref(out), ctypes.byref(n))
+        _lib.call("ckpt_checkpoint_metadata", self._handle(), ctypes.byref(out), ctypes.byref(n))
         return _lib.take_bytes(out.value, n.value)
 
     def torch_metadata(self):
@@ -1070,16 +1072,16 @@ class Checkpoint(_lib.Closing):
                     f"{tag}, which ckptkit writes with its CRC32Cs")
         return self._crcs
 
-    def read_into(self, key, offset, buf):
+    def read_into(self, key, offset, buf, *, scope=None):
         """Read len(buf) bytes of data object key at offset into buf."""
-        return self._store.read_into(key, offset, buf)
+        return self._store.read_into(key, offset, buf, scope=scope)
 
-    def read_segments(self, key, offset, buf, lengths):
+    def read_segments(self, key, offset, buf, lengths, *, scope=None):
         """Read consecutive segments of data object key into buf and return
         their CRC32Cs (see Store.read_segments)."""
-        return self._store.read_segments(key, offset, buf, lengths)
+        return self._store.read_segments(key, offset, buf, lengths, scope=scope)
 
-    def read_items(self, items, concurrency, check=True, keys=None):
+    def read_items(self, items, concurrency, check=True, keys=None, *, scope=None):
         """Read items, each (object key, offset, [(address, length), ...]):
         one ranged read of the segments' total length whose bytes land in
         the segments (C memory the caller keeps alive) in turn, up to
@@ -1098,10 +1100,9 @@ class Checkpoint(_lib.Closing):
         ptrs = (ctypes.c_void_p * max(1, len(flat)))(*[a for a, _ in flat])
         crcs = (ctypes.c_uint32 * n)() if check else None
         failed = ctypes.c_int(-1)
-        _declare_read_items()
         try:
             _lib.call("ckpt_read_items", self._store._handle(), n, names, offsets, counts, lens, ptrs, crcs,
-                      max(1, int(concurrency)), ctypes.byref(failed))
+                      max(1, int(concurrency)), ctypes.byref(failed), scope=scope)
         except ckptkit.CheckpointError as e:
             if keys is not None and 0 <= failed.value < n:
                 e.args = (f"key {keys[failed.value]!r}: {e.args[0]}",) + e.args[1:]
@@ -1120,12 +1121,20 @@ class Checkpoint(_lib.Closing):
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_load", self._h, json.dumps(spec).encode(), arr, n, ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        return json.loads(_lib.take_string(out.value))
+
+    def _handle(self):
+        h = self._h
+        if not h:
+            raise ckptkit.UsageError(f"checkpoint {self.url} is closed")
+        return h
 
     def close(self):
-        """Release the checkpoint (idempotent)."""
-        if self._h.value:
-            h, self._h = self._h, ctypes.c_size_t(0)
-            self._store._h = ctypes.c_size_t(0)
+        """Release the checkpoint (idempotent, thread-safe): waits for the
+        calls in flight on it; later calls raise UsageError."""
+        with self._close_lock:
+            h, self._h = self._h, 0
+        if h:
+            self._store._h = 0
             _lib.call("ckpt_checkpoint_close", h)
