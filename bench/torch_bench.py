@@ -4,6 +4,12 @@ FileSystemWriter / FileSystemReader (defaults), on the same disk,
 alternating, in one run; prints the figures and the ratios (torch time /
 ckptkit time: >= 1.0 means ckptkit is at least as fast).
 
+The "physical" row is the single-copy limit of a load: the data files
+ckptkit wrote, each read with one unchecked readinto (one thread, file by
+file) into preallocated, touched tensors of the files' sizes; its ratio is
+physical time / ckptkit load time. The loads (torch, ckptkit, physical)
+take turns going first, run by run.
+
     scripts/torch-env.sh run python3 bench/torch_bench.py [--bytes N] [--runs 3] [--dir /tmp] [--json FILE]
 
 Then the asynchronous rows: --async-saves saves (default 5) of the same state
@@ -120,6 +126,38 @@ def spread(v):
     return f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]"
 
 
+def spread_ratio(num, den):
+    """median(num) / median(den) and [min, max] of the per-run ratios."""
+    per = [a / b for a, b in zip(num, den)]
+    return f"{statistics.median(num) / statistics.median(den):.2f}x [{min(per):.2f}, {max(per):.2f}]"
+
+
+def physical_read(d, bufs):
+    """Read every data file under d whole into its preallocated buffer
+    (bufs: file name -> uint8 tensor of its size), one unchecked readinto each."""
+    for name, buf in bufs.items():
+        mv = memoryview(buf.numpy()).cast("B")
+        with open(os.path.join(d, name), "rb", buffering=0) as f:
+            n = f.readinto(mv)
+        if n != len(mv):
+            raise RuntimeError(f"{name}: read {n} of {len(mv)} bytes")
+
+
+def physical_buffers(d, old):
+    """Preallocated, touched uint8 tensors for the data files under d (old
+    ones reused when the sizes match)."""
+    out = {}
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".distcp"):
+            size = os.path.getsize(os.path.join(d, name))
+            buf = old.get(name)
+            if buf is None or buf.numel() != size:
+                buf = torch.empty(size, dtype=torch.uint8)
+                buf.fill_(0)
+            out[name] = buf
+    return out
+
+
 def timed(fn):
     t0 = time.perf_counter()
     fn()
@@ -145,7 +183,10 @@ def main():
     sd = state(args.bytes)
     nbytes = sum(v.numel() * v.element_size() for v in sd.values() if torch.is_tensor(v))
     work = tempfile.mkdtemp(prefix="torch-bench-", dir=args.dir)
-    res = {k: [] for k in ("torch_save", "ckptkit_save", "torch_load", "ckptkit_load")}
+    res = {k: [] for k in ("torch_save", "ckptkit_save", "torch_load", "ckptkit_load", "physical_load")}
+    load_before = open("/proc/loadavg").read().split()[0]
+    pbufs = {}
+    stats = {}
     try:
         for run in range(args.runs):
             # Alternate which side goes first, so neither always gets a warmer page cache.
@@ -156,14 +197,24 @@ def main():
                     res["torch_save"].append(timed(lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(d))))
                 else:
                     res["ckptkit_save"].append(timed(lambda: dcp.save(sd, storage_writer=StorageWriter("file://" + d, **wopts))))
-            for side in order:
+            pbufs = physical_buffers(os.path.join(work, f"ckptkit-{run}"), pbufs)
+            loads = ["torch", "ckptkit", "physical"]
+            loads = loads[run % 3:] + loads[:run % 3]
+            for side in loads:
+                if side == "physical":
+                    d = os.path.join(work, f"ckptkit-{run}")
+                    res["physical_load"].append(timed(lambda: physical_read(d, pbufs)))
+                    continue
                 d = os.path.join(work, f"{side}-{run}")
                 out = zeros_like(sd)
                 if side == "torch":
                     res["torch_load"].append(timed(lambda: dcp.load(out, storage_reader=dcp.FileSystemReader(d))))
                 else:
-                    res["ckptkit_load"].append(timed(lambda: dcp.load(out, storage_reader=StorageReader("file://" + d, **ropts))))
+                    reader = StorageReader("file://" + d, **ropts)
+                    res["ckptkit_load"].append(timed(lambda: dcp.load(out, storage_reader=reader)))
+                    stats = reader.last_read_stats
                 assert all(torch.equal(out[k], sd[k]) for k in sd if torch.is_tensor(sd[k]))
+                del out
             for side in order:
                 shutil.rmtree(os.path.join(work, f"{side}-{run}"))
         if args.async_saves:
@@ -172,20 +223,28 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in res.items()}
     gib = nbytes / (1 << 30)
-    print(f"torch DCP vs ckptkit.torch: {nbytes / (1 << 20):.0f} MiB in {len(sd) - 2} tensors, {args.runs} runs (alternating), "
-          f"dir {args.dir}, {os.cpu_count()} cores, load {open('/proc/loadavg').read().split()[0]}")
-    print(f"{'figure':<22}{'median s':>10}{'GiB/s':>8}   runs")
+    load_after = open("/proc/loadavg").read().split()[0]
+    print(f"torch {torch.__version__} DCP vs ckptkit.torch: {nbytes / (1 << 20):.0f} MiB in {len(sd) - 2} tensors, "
+          f"{args.runs} runs (alternating), dir {args.dir}, {os.cpu_count()} cores, load average {load_before} -> {load_after}")
+    print(f"{'figure':<16}{'median s [min, max]':>28}{'GiB/s':>8}   runs")
     for k in res:
-        print(f"{k:<22}{med[k]:>10.3f}{gib / med[k]:>8.2f}   {' '.join(f'{x:.3f}' for x in res[k])}")
-    ratios = {"save": med["torch_save"] / med["ckptkit_save"], "load": med["torch_load"] / med["ckptkit_load"]}
+        print(f"{k:<16}{spread(res[k]):>28}{gib / med[k]:>8.2f}   {' '.join(f'{x:.3f}' for x in res[k])}")
+    ratios = {"save": med["torch_save"] / med["ckptkit_save"], "load": med["torch_load"] / med["ckptkit_load"],
+              "load_vs_physical": med["physical_load"] / med["ckptkit_load"]}
     # Each run's pair ran back to back, so its ratio is less exposed to the
     # load of a shared machine than the medians are.
     paired = {op: statistics.median(t / c for t, c in zip(res[f"torch_{op}"], res[f"ckptkit_{op}"])) for op in ("save", "load")}
     ratios.update({f"paired_{k}": v for k, v in paired.items()})
-    print(f"ratio torch/ckptkit (medians): save {ratios['save']:.2f}x, load {ratios['load']:.2f}x; "
-          f"median of per-run ratios: save {paired['save']:.2f}x, load {paired['load']:.2f}x "
-          f"(goal >= 1.0x, CRC32C checks on)")
-    out = {"bytes": nbytes, "runs": res, "median": med, "ratios": ratios, "torch": torch.__version__}
+    print("ratios (median / median [min, max] of the per-run ratios; CRC32C checks on):")
+    print(f"  save, FileSystemWriter / ckptkit (goal >= 1.5x):     {spread_ratio(res['torch_save'], res['ckptkit_save'])}")
+    print(f"  load, FileSystemReader / ckptkit (goal >= 1.2x):     {spread_ratio(res['torch_load'], res['ckptkit_load'])}")
+    print(f"  load, physical / ckptkit (goal >= 0.85x):            {spread_ratio(res['physical_load'], res['ckptkit_load'])}")
+    if stats:
+        print(f"  last ckptkit load: {stats.get('in_place_items')} items ({stats.get('in_place_bytes', 0) >> 20} MiB) read in place, "
+              f"{stats.get('buffered_items')} items ({stats.get('buffered_bytes', 0) >> 10} KiB) buffered, "
+              f"{stats.get('calls')} read calls, seconds " + ", ".join(f"{k} {v:.4f}" for k, v in stats.get('seconds', {}).items()))
+    out = {"bytes": nbytes, "runs": res, "median": med, "ratios": ratios, "torch": torch.__version__,
+           "load_average": [load_before, load_after], "reader_stats": stats}
     if args.async_saves:
         budget = args.staging_bytes or ct._async.default_staging_bytes()
         print(f"async ckptkit.torch.save: {args.async_saves} saves per mode (alternating), a step changing every tensor "

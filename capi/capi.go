@@ -8,9 +8,18 @@
 //     name when the error is one of the resume rules (else NULL), and *msg
 //     the message naming key, object and URL. Both strings are C memory the
 //     caller frees with ckpt_free.
-//   - Handles are opaque integers (runtime/cgo.Handle); no Go pointer is
-//     handed out or kept by C after a call returns. Buffers passed in are C
-//     memory the caller owns for the duration of the call only.
+//   - Handles are opaque integers of a table of our own (handles.go): a
+//     closed, stale, zero or random handle fails with a usage error, and
+//     closing a handle waits for the calls in flight on it. No Go pointer
+//     is handed out or kept by C after a call returns. Buffers passed in
+//     are C memory the caller owns for the duration of the call only.
+//   - A panic in the Go core is recovered in the export: the call fails
+//     with class internal, the panic and its stack go to the log.
+//   - Every long call takes a cancellation token first (ckpt_cancel_new;
+//     0 for none): ckpt_cancel makes it stop promptly with class canceled.
+//   - Every open takes the environment variables to use (a JSON object,
+//     NULL for the process's own, which the Go runtime copied at load):
+//     credentials, endpoints, regions, profiles, emulator hosts, CKPTKIT_*.
 //   - Every call is safe to make from several threads at once.
 package main
 
@@ -24,9 +33,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"runtime"
-	"runtime/cgo"
 	"sync"
 	"unsafe"
 
@@ -45,7 +52,7 @@ import (
 
 // abiVersion is bumped on every incompatible change of the exported calls;
 // the Python binding refuses a library of another version.
-const abiVersion = 1
+const abiVersion = 2
 
 func main() {}
 
@@ -55,33 +62,41 @@ type storeHandle struct {
 }
 
 var (
-	pluginsOnce sync.Once
-	pluginsErr  error
+	pluginsMu sync.Mutex
+	// plugins are the plugin directories discovered, with the outcome.
+	plugins = map[string]error{}
 
 	countersMu sync.Mutex
 	counters   []*instrument.Counter
 )
 
-// loadPlugins discovers the plugins of $CKPTKIT_PLUGIN_DIR once per process,
-// so their schemes work in every URL.
+// loadPlugins discovers the plugins of $CKPTKIT_PLUGIN_DIR (of the
+// environment ctx carries) once per directory and process, so their
+// schemes work in every URL.
 func loadPlugins(ctx context.Context) error {
-	pluginsOnce.Do(func() {
-		if dir := os.Getenv(host.EnvPluginDir); dir != "" {
-			if _, err := host.Discover(ctx, host.Config{Dir: dir}); err != nil {
-				pluginsErr = fmt.Errorf("load plugins from %s: %w", dir, err)
-			}
+	dir := backend.Getenv(ctx, host.EnvPluginDir)
+	if dir == "" {
+		return nil
+	}
+	pluginsMu.Lock()
+	defer pluginsMu.Unlock()
+	err, done := plugins[dir]
+	if !done {
+		if _, derr := host.Discover(ctx, host.Config{Dir: dir}); derr != nil {
+			err = fmt.Errorf("load plugins from %s: %w", dir, derr)
 		}
-	})
-	return pluginsErr
+		plugins[dir] = err
+	}
+	return err
 }
 
-// countIO is set by CKPTKIT_IO_COUNT=1: every store opened is then
-// wrapped in an instrument.Counter kept for the life of the process, and
+// envIOCount, "1" in the environment of an open, wraps the store opened in
+// an instrument.Counter kept for the life of the process, and
 // ckpt_io_count reports what they saw (tests, diagnostics).
-var countIO = os.Getenv("CKPTKIT_IO_COUNT") == "1"
+const envIOCount = "CKPTKIT_IO_COUNT"
 
-// openStore opens url (with the I/O counter around its driver when
-// countIO).
+// openStore opens url (with the I/O counter around its driver when the
+// environment of ctx asks for it).
 func openStore(ctx context.Context, url string) (*storeHandle, error) {
 	if err := loadPlugins(ctx); err != nil {
 		return nil, err
@@ -90,7 +105,7 @@ func openStore(ctx context.Context, url string) (*storeHandle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !countIO {
+	if backend.Getenv(ctx, envIOCount) != "1" {
 		return &storeHandle{st: st}, nil
 	}
 	cnt := instrument.Wrap(st.Driver())
@@ -129,20 +144,6 @@ func cbytes(p unsafe.Pointer, n C.int64_t) []byte {
 	return unsafe.Slice((*byte)(p), int(n))
 }
 
-func storeOf(h C.uintptr_t) (*storeHandle, error) {
-	if h == 0 {
-		return nil, fmt.Errorf("%w: store handle is 0 (closed or never opened)", errUsage)
-	}
-	switch v := cgo.Handle(h).Value().(type) {
-	case *storeHandle:
-		return v, nil
-	case *ckptHandle:
-		// A checkpoint handle serves store calls on its prefix.
-		return &v.storeHandle, nil
-	}
-	return nil, fmt.Errorf("%w: handle %d is not a store", errUsage, uintptr(h))
-}
-
 // cjson returns v as a C string of JSON.
 func cjson(v any) (*C.char, error) {
 	b, err := json.Marshal(v)
@@ -163,59 +164,57 @@ func ckpt_crc32c(crc C.uint32_t, buf unsafe.Pointer, n C.int64_t) C.uint32_t {
 	return C.uint32_t(crc32c.Update(uint32(crc), cbytes(buf, n)))
 }
 
+// ckpt_open opens url with the environment variables env (a JSON object;
+// NULL or "" for the process's own) under the cancellation token tok (0:
+// none).
+//
 //export ckpt_open
-func ckpt_open(url *C.char, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := openStore(context.Background(), C.GoString(url))
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = C.uintptr_t(cgo.NewHandle(sh))
-	return 0
+func ckpt_open(tok C.uintptr_t, url, env *C.char, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_open", cls, rule, msg, func() error {
+		return withCall(tok, env, func(ctx context.Context) error {
+			sh, err := openStore(ctx, C.GoString(url))
+			if err != nil {
+				return err
+			}
+			*out = C.uintptr_t(handles.add(sh))
+			return nil
+		})
+	})
 }
 
+// ckpt_close releases a store handle, once the calls in flight on it have
+// returned; new calls on it fail with a usage error at once.
+//
 //export ckpt_close
 func ckpt_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
-	if h == 0 {
-		return fail(fmt.Errorf("%w: store handle is 0", errUsage), cls, rule, msg)
-	}
-	sh, ok := cgo.Handle(h).Value().(*storeHandle)
-	if !ok {
-		return fail(fmt.Errorf("%w: handle %d is not a store (close checkpoints with ckpt_checkpoint_close)", errUsage, uintptr(h)), cls, rule, msg)
-	}
-	cgo.Handle(h).Delete()
-	if err := closeStore(sh); err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	return 0
+	return guard("ckpt_close", cls, rule, msg, func() error {
+		sh, err := remove[*storeHandle](&handles, uint64(h), "store (close checkpoints with ckpt_checkpoint_close)")
+		if err != nil {
+			return err
+		}
+		return closeStore(sh)
+	})
 }
 
-// ckpt_url returns the redacted URL of key below the store (C string).
+// ckpt_url sets *out to the redacted URL of key below the store (a C
+// string freed with ckpt_free).
 //
 //export ckpt_url
-func ckpt_url(h C.uintptr_t, key *C.char) *C.char {
-	sh, err := storeOf(h)
-	if err != nil {
-		return C.CString("")
-	}
-	return C.CString(sh.st.URL(C.GoString(key)))
+func ckpt_url(h C.uintptr_t, key *C.char, out **C.char, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_url", cls, rule, msg, func() error {
+		return withStore(h, func(sh *storeHandle) error { *out = C.CString(sh.st.URL(C.GoString(key))); return nil })
+	})
 }
 
 // ckpt_capabilities returns the store's capabilities as JSON.
 //
 //export ckpt_capabilities
 func ckpt_capabilities(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	c := sh.st.Capabilities()
-	s, err := cjson(map[string]any{"create_if_absent": c.CreateIfAbsent, "server_crc32c": c.ServerCRC32C,
-		"multipart": c.Multipart, "part_size": c.PartSize, "concurrency": c.Concurrency})
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = s
-	return 0
+	return guard("ckpt_capabilities", cls, rule, msg, func() error {
+		return withStore(h, func(sh *storeHandle) error {
+			return setJSON(out, capabilitiesOf(sh.st.Capabilities()))
+		})
+	})
 }
 
 // ckpt_put writes the concatenation of n C buffers (ptrs[i], lens[i]) as
@@ -229,61 +228,61 @@ func ckpt_capabilities(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.ch
 // Unsupported).
 //
 //export ckpt_put
-func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t, groups *C.int32_t, n C.int, flags C.int,
+func ckpt_put(tok, h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t, groups *C.int32_t, n C.int, flags C.int,
 	crcs *C.uint32_t, totalCRC *C.uint32_t, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	bufs := make([][]byte, int(n))
-	var size int64
-	var total uint32
-	if n > 0 {
-		ps := unsafe.Slice(ptrs, int(n))
-		ls := unsafe.Slice(lens, int(n))
-		var gs []C.int32_t
-		if groups != nil {
-			gs = unsafe.Slice(groups, int(n))
-		}
-		group, crc := 0, uint32(0)
-		for i := range bufs {
-			if ls[i] < 0 {
-				return fail(fmt.Errorf("%w: buffer %d has length %d", errUsage, i, ls[i]), cls, rule, msg)
-			}
-			g := i
-			if gs != nil {
-				g = int(gs[i])
-			}
-			if g != group && g != group+1 || (i == 0 && g != 0) {
-				return fail(fmt.Errorf("%w: buffer %d is in group %d after group %d", errUsage, i, g, group), cls, rule, msg)
-			}
-			if g != group {
+	return guard("ckpt_put", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			bufs := make([][]byte, int(n))
+			var size int64
+			var total uint32
+			if n > 0 {
+				ps := unsafe.Slice(ptrs, int(n))
+				ls := unsafe.Slice(lens, int(n))
+				var gs []C.int32_t
+				if groups != nil {
+					gs = unsafe.Slice(groups, int(n))
+				}
+				group, crc := 0, uint32(0)
+				for i := range bufs {
+					if ls[i] < 0 {
+						return fmt.Errorf("%w: buffer %d has length %d", errUsage, i, ls[i])
+					}
+					g := i
+					if gs != nil {
+						g = int(gs[i])
+					}
+					if g != group && g != group+1 || (i == 0 && g != 0) {
+						return fmt.Errorf("%w: buffer %d is in group %d after group %d", errUsage, i, g, group)
+					}
+					if g != group {
+						if crcs != nil {
+							*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
+						}
+						group, crc = g, 0
+					}
+					bufs[i] = cbytes(ps[i], ls[i])
+					size += int64(ls[i])
+					crc = crc32c.Update(crc, bufs[i])
+					total = crc32c.Update(total, bufs[i])
+				}
 				if crcs != nil {
 					*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
 				}
-				group, crc = g, 0
 			}
-			bufs[i] = cbytes(ps[i], ls[i])
-			size += int64(ls[i])
-			crc = crc32c.Update(crc, bufs[i])
-			total = crc32c.Update(total, bufs[i])
-		}
-		if crcs != nil {
-			*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
-		}
-	}
-	if totalCRC != nil {
-		*totalCRC = C.uint32_t(total)
-	}
-	opts := backend.PutOptions{IfNotExists: flags&1 != 0, CRC32C: &total}
-	k := C.GoString(key)
-	if opts.IfNotExists && !sh.st.Capabilities().CreateIfAbsent {
-		return fail(fmt.Errorf("put %s: create-if-absent: %w", sh.st.URL(k), backend.ErrUnsupported), cls, rule, msg)
-	}
-	if err := sh.st.Put(context.Background(), k, size, backend.NewSlicesReader(bufs), opts); err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	return 0
+			if totalCRC != nil {
+				*totalCRC = C.uint32_t(total)
+			}
+			opts := backend.PutOptions{IfNotExists: flags&1 != 0, CRC32C: &total}
+			k := C.GoString(key)
+			if opts.IfNotExists && !sh.st.Capabilities().CreateIfAbsent {
+				return fmt.Errorf("put %s: create-if-absent: %w", sh.st.URL(k), backend.ErrUnsupported)
+			}
+			if err := sh.st.Put(ctx, k, size, backend.NewSlicesReader(bufs), opts); err != nil {
+				return err
+			}
+			return nil
+		})
+	})
 }
 
 // ckpt_read reads exactly length bytes of key at offset into buf (C memory
@@ -291,24 +290,24 @@ func ckpt_put(h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int64_t,
 // fails naming key and offset.
 //
 //export ckpt_read
-func ckpt_read(h C.uintptr_t, key *C.char, offset, length C.int64_t, buf unsafe.Pointer, crc *C.uint32_t,
+func ckpt_read(tok, h C.uintptr_t, key *C.char, offset, length C.int64_t, buf unsafe.Pointer, crc *C.uint32_t,
 	cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	if offset < 0 || length < 0 {
-		return fail(fmt.Errorf("%w: offset %d, length %d", errUsage, offset, length), cls, rule, msg)
-	}
-	dst := cbytes(buf, length)
-	k := C.GoString(key)
-	if err := sh.st.ReadRange(context.Background(), k, int64(offset), dst); err != nil {
-		return fail(fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, length, err), cls, rule, msg)
-	}
-	if crc != nil {
-		*crc = C.uint32_t(crc32c.Checksum(dst))
-	}
-	return 0
+	return guard("ckpt_read", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			if offset < 0 || length < 0 {
+				return fmt.Errorf("%w: offset %d, length %d", errUsage, offset, length)
+			}
+			dst := cbytes(buf, length)
+			k := C.GoString(key)
+			if err := sh.st.ReadRange(ctx, k, int64(offset), dst); err != nil {
+				return fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, length, err)
+			}
+			if crc != nil {
+				*crc = C.uint32_t(crc32c.Checksum(dst))
+			}
+			return nil
+		})
+	})
 }
 
 // segmentCRCs is a backend.Tap that computes one CRC32C per consecutive
@@ -345,32 +344,32 @@ func (t *segmentCRCs) Reset() {
 // second pass over memory.
 //
 //export ckpt_read_segments
-func ckpt_read_segments(h C.uintptr_t, key *C.char, offset C.int64_t, n C.int, lens *C.int64_t, buf unsafe.Pointer,
+func ckpt_read_segments(tok, h C.uintptr_t, key *C.char, offset C.int64_t, n C.int, lens *C.int64_t, buf unsafe.Pointer,
 	crcs *C.uint32_t, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	if offset < 0 || n < 0 || (n > 0 && (lens == nil || crcs == nil)) {
-		return fail(fmt.Errorf("%w: offset %d, %d segments", errUsage, offset, n), cls, rule, msg)
-	}
-	segLens := unsafe.Slice((*int64)(unsafe.Pointer(lens)), int(n))
-	dsts := make([][]byte, 0, n)
-	var total int64
-	for i, l := range segLens {
-		if l < 0 {
-			return fail(fmt.Errorf("%w: segment %d has length %d", errUsage, i, l), cls, rule, msg)
-		}
-		dsts = append(dsts, unsafe.Slice((*byte)(unsafe.Add(buf, total)), int(l)))
-		total += l
-	}
-	tap := &segmentCRCs{lens: segLens, crcs: make([]uint32, n)}
-	k := C.GoString(key)
-	if err := sh.st.ReadRangeInto(context.Background(), k, int64(offset), dsts, tap); err != nil {
-		return fail(fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, total, err), cls, rule, msg)
-	}
-	copy(unsafe.Slice((*uint32)(unsafe.Pointer(crcs)), int(n)), tap.crcs)
-	return 0
+	return guard("ckpt_read_segments", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			if offset < 0 || n < 0 || (n > 0 && (lens == nil || crcs == nil)) {
+				return fmt.Errorf("%w: offset %d, %d segments", errUsage, offset, n)
+			}
+			segLens := unsafe.Slice((*int64)(unsafe.Pointer(lens)), int(n))
+			dsts := make([][]byte, 0, n)
+			var total int64
+			for i, l := range segLens {
+				if l < 0 {
+					return fmt.Errorf("%w: segment %d has length %d", errUsage, i, l)
+				}
+				dsts = append(dsts, unsafe.Slice((*byte)(unsafe.Add(buf, total)), int(l)))
+				total += l
+			}
+			tap := &segmentCRCs{lens: segLens, crcs: make([]uint32, n)}
+			k := C.GoString(key)
+			if err := sh.st.ReadRangeInto(ctx, k, int64(offset), dsts, tap); err != nil {
+				return fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, total, err)
+			}
+			copy(unsafe.Slice((*uint32)(unsafe.Pointer(crcs)), int(n)), tap.crcs)
+			return nil
+		})
+	})
 }
 
 // ckpt_read_all reads the whole object key (at most limit bytes; limit <= 0:
@@ -378,46 +377,46 @@ func ckpt_read_segments(h C.uintptr_t, key *C.char, offset C.int64_t, n C.int, l
 // ckpt_free.
 //
 //export ckpt_read_all
-func ckpt_read_all(h C.uintptr_t, key *C.char, limit C.int64_t, out *unsafe.Pointer, n *C.int64_t,
+func ckpt_read_all(tok, h C.uintptr_t, key *C.char, limit C.int64_t, out *unsafe.Pointer, n *C.int64_t,
 	cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	data, err := sh.st.ReadAll(context.Background(), C.GoString(key), int64(limit))
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = C.CBytes(data)
-	*n = C.int64_t(len(data))
-	return 0
+	return guard("ckpt_read_all", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			data, err := sh.st.ReadAll(ctx, C.GoString(key), int64(limit))
+			if err != nil {
+				return err
+			}
+			*out = C.CBytes(data)
+			*n = C.int64_t(len(data))
+			return nil
+		})
+	})
 }
 
 // ckpt_stat returns key's size, modification time (Unix nanoseconds, 0 when
 // unknown) and stored CRC32C (*has_crc 0 when the backend keeps none).
 //
 //export ckpt_stat
-func ckpt_stat(h C.uintptr_t, key *C.char, size, mtimeNs *C.int64_t, crc *C.uint32_t, hasCRC *C.int,
+func ckpt_stat(tok, h C.uintptr_t, key *C.char, size, mtimeNs *C.int64_t, crc *C.uint32_t, hasCRC *C.int,
 	cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	a, err := sh.st.Stat(context.Background(), C.GoString(key))
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*size = C.int64_t(a.Size)
-	*mtimeNs = 0
-	if !a.ModTime.IsZero() {
-		*mtimeNs = C.int64_t(a.ModTime.UnixNano())
-	}
-	*hasCRC = 0
-	if a.CRC32C != nil {
-		*hasCRC = 1
-		*crc = C.uint32_t(*a.CRC32C)
-	}
-	return 0
+	return guard("ckpt_stat", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			a, err := sh.st.Stat(ctx, C.GoString(key))
+			if err != nil {
+				return err
+			}
+			*size = C.int64_t(a.Size)
+			*mtimeNs = 0
+			if !a.ModTime.IsZero() {
+				*mtimeNs = C.int64_t(a.ModTime.UnixNano())
+			}
+			*hasCRC = 0
+			if a.CRC32C != nil {
+				*hasCRC = 1
+				*crc = C.uint32_t(*a.CRC32C)
+			}
+			return nil
+		})
+	})
 }
 
 // ckpt_list returns the objects under prefix as a JSON array of
@@ -425,64 +424,55 @@ func ckpt_stat(h C.uintptr_t, key *C.char, size, mtimeNs *C.int64_t, crc *C.uint
 // ckpt_free).
 //
 //export ckpt_list
-func ckpt_list(h C.uintptr_t, prefix *C.char, out **C.char, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	type entry struct {
-		Key     string `json:"key"`
-		Size    int64  `json:"size"`
-		MTimeNs int64  `json:"mtime_ns"`
-	}
-	list := []entry{}
-	err = sh.st.List(context.Background(), C.GoString(prefix), func(o backend.ObjectInfo) error {
-		e := entry{Key: o.Key, Size: o.Size}
-		if !o.ModTime.IsZero() {
-			e.MTimeNs = o.ModTime.UnixNano()
-		}
-		list = append(list, e)
-		return nil
+func ckpt_list(tok, h C.uintptr_t, prefix *C.char, out **C.char, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_list", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			list := []listEntry{}
+			err := sh.st.List(ctx, C.GoString(prefix), func(o backend.ObjectInfo) error {
+				e := listEntry{Key: o.Key, Size: o.Size}
+				if !o.ModTime.IsZero() {
+					e.MTimeNs = o.ModTime.UnixNano()
+				}
+				list = append(list, e)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			return setJSON(out, list)
+		})
 	})
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	s, err := cjson(list)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = s
-	return 0
 }
 
 // ckpt_delete removes key (a missing key is not an error).
 //
 //export ckpt_delete
-func ckpt_delete(h C.uintptr_t, key *C.char, cls *C.int, rule, msg **C.char) C.int {
-	sh, err := storeOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	if err := sh.st.Delete(context.Background(), C.GoString(key)); err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	return 0
+func ckpt_delete(tok, h C.uintptr_t, key *C.char, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_delete", cls, rule, msg, func() error {
+		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
+			if err := sh.st.Delete(ctx, C.GoString(key)); err != nil {
+				return err
+			}
+			return nil
+		})
+	})
 }
 
 // ckpt_io_count returns how many op calls ("read", "put", "stat", "list",
 // "delete") on keys ending with suffix ("" for all) the stores opened
-// through this library have made, or -1 unless the process was started
-// with CKPTKIT_IO_COUNT=1 (tests and diagnostics: "the metadata was read
-// once").
+// through this library with CKPTKIT_IO_COUNT=1 in their environment have
+// made, or -1 when no store was opened so (tests and diagnostics: "the
+// metadata was read once").
 //
 //export ckpt_io_count
-func ckpt_io_count(op, suffix *C.char) C.int64_t {
-	if !countIO {
-		return -1
-	}
+func ckpt_io_count(op, suffix *C.char) (out C.int64_t) {
+	defer recoverQuiet("ckpt_io_count", func() { out = -1 })
 	o, s := C.GoString(op), C.GoString(suffix)
 	countersMu.Lock()
 	defer countersMu.Unlock()
+	if len(counters) == 0 {
+		return -1
+	}
 	var n int64
 	for _, c := range counters {
 		if s == "" {

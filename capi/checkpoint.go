@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"runtime/cgo"
 	"unsafe"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -30,6 +29,9 @@ type ckptHandle struct {
 	// run is the run ck was chosen from (nil when the URL was the
 	// checkpoint itself); it shares its driver with st.
 	run *backend.Store
+	// env is the environment the checkpoint was opened with (nil: the
+	// process's), for the stores a fallback opens.
+	env map[string]string
 }
 
 // ckptInfo describes the checkpoint a resume chose.
@@ -57,22 +59,6 @@ type skipped struct {
 // types (all of class BadCheckpoint or Usage, so the class alone cannot
 // tell them apart): loader.RuleOf, the one rule mapping.
 func ruleOf(err error) string { return loader.RuleOf(err) }
-
-func ckptOf(h C.uintptr_t) (*ckptHandle, error) { return handleValue[*ckptHandle](h, "checkpoint") }
-
-// handleValue is what handle h refers to, when it is a T (what names T in
-// errors).
-func handleValue[T any](h C.uintptr_t, what string) (T, error) {
-	var zero T
-	if h == 0 {
-		return zero, fmt.Errorf("%w: %s handle is 0 (closed or never opened)", errUsage, what)
-	}
-	v, ok := cgo.Handle(h).Value().(T)
-	if !ok {
-		return zero, fmt.Errorf("%w: handle %d is not a %s", errUsage, uintptr(h), what)
-	}
-	return v, nil
-}
 
 // openCheckpoint opens url as a checkpoint, or, when url is a run, the
 // newest committed checkpoint of the run that verifies (run.Choose, the one
@@ -146,19 +132,22 @@ func closeStore(sh *storeHandle) error { return sh.st.Close() }
 // also serves ckpt_read, ckpt_stat and ckpt_list on the checkpoint prefix.
 //
 //export ckpt_checkpoint_open
-func ckpt_checkpoint_open(url *C.char, out *C.uintptr_t, info **C.char, cls *C.int, rule, msg **C.char) C.int {
-	h, err := openCheckpoint(context.Background(), C.GoString(url))
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	s, err := cjson(h.info)
-	if err != nil {
-		_ = closeStore(&h.storeHandle)
-		return fail(err, cls, rule, msg)
-	}
-	*info = s
-	*out = C.uintptr_t(cgo.NewHandle(h))
-	return 0
+func ckpt_checkpoint_open(tok C.uintptr_t, url, env *C.char, out *C.uintptr_t, info **C.char, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_checkpoint_open", cls, rule, msg, func() error {
+		return withCall(tok, env, func(ctx context.Context) error {
+			h, err := openCheckpoint(ctx, C.GoString(url))
+			if err != nil {
+				return err
+			}
+			h.env, _ = envOf(env)
+			if err := setJSON(info, h.info); err != nil {
+				_ = closeStore(&h.storeHandle)
+				return err
+			}
+			*out = C.uintptr_t(handles.add(h))
+			return nil
+		})
+	})
 }
 
 // ckpt_checkpoint_metadata copies the metadata object's bytes, exactly as
@@ -166,32 +155,31 @@ func ckpt_checkpoint_open(url *C.char, out *C.uintptr_t, info **C.char, cls *C.i
 //
 //export ckpt_checkpoint_metadata
 func ckpt_checkpoint_metadata(h C.uintptr_t, out *unsafe.Pointer, n *C.int64_t, cls *C.int, rule, msg **C.char) C.int {
-	ch, err := ckptOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	if ch.ck == nil {
-		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint), cls, rule, msg)
-	}
-	raw := ch.ck.RawMetadata()
-	*out = C.CBytes(raw)
-	*n = C.int64_t(len(raw))
-	return 0
+	return guard("ckpt_checkpoint_metadata", cls, rule, msg, func() error {
+		return withHandle(h, "checkpoint", func(ch *ckptHandle) error {
+			if ch.ck == nil {
+				return fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint)
+			}
+			raw := ch.ck.RawMetadata()
+			*out = C.CBytes(raw)
+			*n = C.int64_t(len(raw))
+			return nil
+		})
+	})
 }
 
-// ckpt_checkpoint_close releases a checkpoint handle.
+// ckpt_checkpoint_close releases a checkpoint handle, once the calls in
+// flight on it have returned.
 //
 //export ckpt_checkpoint_close
 func ckpt_checkpoint_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
-	ch, err := ckptOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	cgo.Handle(h).Delete()
-	if err := closeStore(&ch.storeHandle); err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	return 0
+	return guard("ckpt_checkpoint_close", cls, rule, msg, func() error {
+		ch, err := remove[*ckptHandle](&handles, uint64(h), "checkpoint")
+		if err != nil {
+			return err
+		}
+		return closeStore(&ch.storeHandle)
+	})
 }
 
 // loadSpec is the JSON a caller passes to ckpt_checkpoint_load: the target
@@ -225,20 +213,6 @@ type loadSpec struct {
 	FallbackRun string `json:"fallback_run"`
 }
 
-// loadReport is what ckpt_checkpoint_load returns.
-type loadReport struct {
-	*loader.Report
-	Summary string `json:"summary"`
-	// Bytes are the bytes values loaded, per local rank, by key (for a
-	// DCP checkpoint: JSON text, or the raw torch.save item for values
-	// without a JSON form).
-	Bytes []map[string][]byte `json:"bytes"`
-	// Fallbacks are the damaged checkpoints passed over, newest first
-	// (FallbackRun only); Info is then the checkpoint loaded instead.
-	Fallbacks []skipped `json:"fallbacks"`
-	Info      *ckptInfo `json:"info,omitempty"`
-}
-
 // ckpt_checkpoint_load runs loader.Checkpoint.Load: the resume rules of
 // docs/RESUME.md are checked and every byte is read and CRC-checked before
 // any target buffer changes; then the tensors are copied into the C buffers
@@ -246,77 +220,77 @@ type loadReport struct {
 // tensors. *report receives the JSON report, bytes values included.
 //
 //export ckpt_checkpoint_load
-func ckpt_checkpoint_load(h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, report **C.char, cls *C.int, rule, msg **C.char) C.int {
-	ch, err := ckptOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	if ch.ck == nil {
-		return fail(fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint), cls, rule, msg)
-	}
-	var ls loadSpec
-	if err := json.Unmarshal([]byte(C.GoString(spec)), &ls); err != nil {
-		return fail(fmt.Errorf("%w: load spec: %v", errUsage, err), cls, rule, msg)
-	}
-	var ptrs []unsafe.Pointer
-	if nbufs > 0 {
-		ptrs = unsafe.Slice(bufs, int(nbufs))
-	}
-	ctx := context.Background()
-	run, found, err := ch.fallbackFrom(ctx, ls.FallbackRun)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
-		ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
-		// Without a fallback the Python resume promises that a failed load
-		// leaves the caller's tensors as they were; with one, every
-		// attempt overwrites every target, so one pass is enough.
-		Transactional: found == nil}
-	if ls.Quiet {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	var targets []*statedict.StateDict
-	load := func(c *loader.Checkpoint) (*loader.Report, error) {
-		if targets, err = ls.targets(ptrs); err != nil {
-			return nil, err
-		}
-		return c.Load(ctx, targets, opts)
-	}
-	var (
-		rep       *loader.Report
-		fallbacks []skipped
-		info      *ckptInfo
-	)
-	if found == nil {
-		rep, err = load(ch.ck)
-	} else {
-		var l *ckrun.Loaded
-		l, err = ckrun.New(run).Load(ctx, found, func(_ context.Context, c *loader.Checkpoint) (*loader.Report, error) { return load(c) }, nil)
-		if err == nil {
-			rep, fallbacks = l.Report, skippedOf(l.Skipped, ckrun.Damaged)
-			if l.Checkpoint != ch.ck {
-				ch.switchTo(run, l, fallbacks)
-				info = &ch.info
-			}
-		}
-		if run != ch.run {
-			_ = run.Close() // opened for a fallback that was not needed
-		}
-	}
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	out := loadReport{Report: rep, Summary: rep.Summary(), Bytes: make([]map[string][]byte, len(targets)), Fallbacks: nonNil(fallbacks), Info: info}
-	for r, sd := range targets {
-		out.Bytes[r] = sd.Bytes
-	}
-	s, err := cjson(out)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*report = s
-	return 0
+func ckpt_checkpoint_load(tok, h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, report **C.char, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_checkpoint_load", cls, rule, msg, func() error {
+		return withCall(tok, nil, func(ctx context.Context) error {
+			return withHandle(h, "checkpoint", func(ch *ckptHandle) error {
+				if ch.ck == nil {
+					return fmt.Errorf("%s: %w", ch.st, catalog.ErrNoCommittedCheckpoint)
+				}
+				var ls loadSpec
+				if err := json.Unmarshal([]byte(C.GoString(spec)), &ls); err != nil {
+					return fmt.Errorf("%w: load spec: %v", errUsage, err)
+				}
+				var ptrs []unsafe.Pointer
+				if nbufs > 0 {
+					ptrs = unsafe.Slice(bufs, int(nbufs))
+				}
+				if ch.env != nil {
+					ctx = backend.WithEnv(ctx, ch.env)
+				}
+				run, found, err := ch.fallbackFrom(ctx, ls.FallbackRun)
+				if err != nil {
+					return err
+				}
+				opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
+					ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
+					// Without a fallback the Python resume promises that a failed load
+					// leaves the caller's tensors as they were; with one, every
+					// attempt overwrites every target, so one pass is enough.
+					Transactional: found == nil}
+				if ls.Quiet {
+					opts.Logger = slog.New(slog.DiscardHandler)
+				}
+				var targets []*statedict.StateDict
+				load := func(c *loader.Checkpoint) (*loader.Report, error) {
+					if targets, err = ls.targets(ptrs); err != nil {
+						return nil, err
+					}
+					return c.Load(ctx, targets, opts)
+				}
+				var (
+					rep       *loader.Report
+					fallbacks []skipped
+					info      *ckptInfo
+				)
+				if found == nil {
+					rep, err = load(ch.ck)
+				} else {
+					var l *ckrun.Loaded
+					l, err = ckrun.New(run).Load(ctx, found, func(_ context.Context, c *loader.Checkpoint) (*loader.Report, error) { return load(c) }, nil)
+					if err == nil {
+						rep, fallbacks = l.Report, skippedOf(l.Skipped, ckrun.Damaged)
+						if l.Checkpoint != ch.ck {
+							ch.switchTo(run, l, fallbacks)
+							info = &ch.info
+						}
+					}
+					if run != ch.run {
+						_ = run.Close() // opened for a fallback that was not needed
+					}
+				}
+				if err != nil {
+					return err
+				}
+				out := newLoadReport(rep)
+				out.Bytes, out.Fallbacks, out.Info = make([]map[string][]byte, len(targets)), nonNil(fallbacks), info
+				for r, sd := range targets {
+					out.Bytes[r] = sd.Bytes
+				}
+				return setJSON(report, out)
+			})
+		})
+	})
 }
 
 // targets builds the load targets of every local rank over the C buffers
@@ -370,7 +344,9 @@ func (ch *ckptHandle) switchTo(run *backend.Store, l *ckrun.Loaded, fallbacks []
 		_ = closeStore(&ch.storeHandle)
 	}
 	skips := append(ch.info.Skipped, fallbacks...)
+	env := ch.env
 	*ch = *newCkptHandle(&storeHandle{st: run}, l.Checkpoint, l.Entry.Name, skips)
+	ch.env = env
 	ch.info.Step = l.Entry.Step
 	ch.run = run
 }

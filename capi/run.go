@@ -28,14 +28,11 @@ type runLayout struct {
 //
 //export ckpt_run_layout
 func ckpt_run_layout(url *C.char, step C.int64_t, out **C.char, cls *C.int, rule, msg **C.char) C.int {
-	if step < 0 {
-		return fail(fmt.Errorf("%w: step %d is negative", errUsage, int64(step)), cls, rule, msg)
-	}
-	u, name := C.GoString(url), catalog.StepName(int64(step))
-	s, err := cjson(runLayout{StepName: name, StepURL: ckrun.URLIn(u, name), CoordURL: ckrun.URLIn(u, ckrun.CoordPrefix)})
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = s
-	return 0
+	return guard("ckpt_run_layout", cls, rule, msg, func() error {
+		if step < 0 {
+			return fmt.Errorf("%w: step %d is negative", errUsage, int64(step))
+		}
+		u, name := C.GoString(url), catalog.StepName(int64(step))
+		return setJSON(out, runLayout{StepName: name, StepURL: ckrun.URLIn(u, name), CoordURL: ckrun.URLIn(u, ckrun.CoordPrefix)})
+	})
 }

@@ -10,7 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"runtime/cgo"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -30,6 +30,9 @@ import (
 // saverHandle is what a saver handle refers to.
 type saverHandle struct {
 	sv *saver.Saver
+	// mu guards cancel, which aborts the newest save (ckpt_saver_cancel).
+	mu     sync.Mutex
+	cancel context.CancelFunc
 }
 
 // saveHandle is one asynchronous save: the saver's handle and the stores
@@ -103,22 +106,20 @@ func (sp *saveSpec) options() saver.Options {
 		MaxObjectBytes: sp.MaxObjectBytes, Concurrency: sp.Concurrency}
 }
 
-func saverOf(h C.uintptr_t) (*saverHandle, error) { return handleValue[*saverHandle](h, "saver") }
-
-func saveOf(h C.uintptr_t) (*saveHandle, error) { return handleValue[*saveHandle](h, "save") }
-
 // ckpt_saver_new creates an asynchronous saver (saver.NewSaver) whose
 // staging never holds more than staging_bytes (0: saver.DefaultStagingBytes,
 // at least saver.MinStagingBytes). Keep one per process for the whole run.
 //
 //export ckpt_saver_new
 func ckpt_saver_new(stagingBytes C.int64_t, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
-	sv, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: int64(stagingBytes)})
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = C.uintptr_t(cgo.NewHandle(&saverHandle{sv: sv}))
-	return 0
+	return guard("ckpt_saver_new", cls, rule, msg, func() error {
+		sv, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: int64(stagingBytes)})
+		if err != nil {
+			return err
+		}
+		*out = C.uintptr_t(handles.add(&saverHandle{sv: sv}))
+		return nil
+	})
 }
 
 // ckpt_saver_default_staging_bytes is saver.DefaultStagingBytes.
@@ -136,38 +137,47 @@ func ckpt_saver_default_staging_bytes() C.int64_t { return saver.DefaultStagingB
 // (release it with ckpt_save_release).
 //
 //export ckpt_saver_save
-func ckpt_saver_save(h C.uintptr_t, url, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, out *C.uintptr_t,
+func ckpt_saver_save(tok, h C.uintptr_t, url, env, spec *C.char, bufs *unsafe.Pointer, nbufs C.int, out *C.uintptr_t,
 	cls *C.int, rule, msg **C.char) C.int {
-	svh, err := saverOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	var sp saveSpec
-	if err := json.Unmarshal([]byte(C.GoString(spec)), &sp); err != nil {
-		return fail(fmt.Errorf("%w: save spec: %v", errUsage, err), cls, rule, msg)
-	}
-	var ptrs []unsafe.Pointer
-	if nbufs > 0 {
-		ptrs = unsafe.Slice(bufs, int(nbufs))
-	}
-	sd, err := sp.stateDict(ptrs)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	sh, err := startSave(svh.sv, C.GoString(url), &sp, sd)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = C.uintptr_t(cgo.NewHandle(sh))
-	return 0
+	return guard("ckpt_saver_save", cls, rule, msg, func() error {
+		return withCall(tok, env, func(ctx context.Context) error {
+			return withHandle(h, "saver", func(svh *saverHandle) error {
+				var sp saveSpec
+				if err := json.Unmarshal([]byte(C.GoString(spec)), &sp); err != nil {
+					return fmt.Errorf("%w: save spec: %v", errUsage, err)
+				}
+				var ptrs []unsafe.Pointer
+				if nbufs > 0 {
+					ptrs = unsafe.Slice(bufs, int(nbufs))
+				}
+				sd, err := sp.stateDict(ptrs)
+				if err != nil {
+					return err
+				}
+				sh, err := startSave(ctx, svh, C.GoString(url), &sp, sd)
+				if err != nil {
+					return err
+				}
+				*out = C.uintptr_t(handles.add(sh))
+				return nil
+			})
+		})
+	})
 }
 
 // startSave opens the stores (and coordinator) of one save and starts it;
-// they are released by a goroutine once the save ends.
-func startSave(sv *saver.Saver, url string, sp *saveSpec, sd *statedict.StateDict) (*saveHandle, error) {
-	// The background save runs under its own context: the caller's
-	// thread returns once the state is staged.
-	ctx := context.Background()
+// they are released by a goroutine once the save ends. The save runs under
+// a context of its own (with the environment of callCtx): cancelling
+// callCtx aborts it until the state is staged and the call returns;
+// after that only ckpt_saver_cancel does.
+func startSave(callCtx context.Context, svh *saverHandle, url string, sp *saveSpec, sd *statedict.StateDict) (*saveHandle, error) {
+	sv := svh.sv
+	ctx, cancel := context.WithCancel(context.WithoutCancel(callCtx))
+	stop := context.AfterFunc(callCtx, cancel)
+	defer stop()
+	svh.mu.Lock()
+	svh.cancel = cancel
+	svh.mu.Unlock()
 	sh, err := openStore(ctx, url)
 	if err != nil {
 		return nil, err
@@ -210,6 +220,7 @@ func startSave(sv *saver.Saver, url string, sp *saveSpec, sd *statedict.StateDic
 			_ = closeStore(cst)
 		}
 		_ = closeStore(sh)
+		cancel()
 	}
 	if h == nil {
 		// Refused before it started (the previous save's failure, a
@@ -230,16 +241,14 @@ func startSave(sv *saver.Saver, url string, sp *saveSpec, sd *statedict.StateDic
 	return s, nil
 }
 
-// ckpt_save_state returns where a save stands: 0 staging, 1 staged (being
-// written), 2 committed, 3 failed, -1 for an invalid handle.
+// ckpt_save_state sets *state to where a save stands: 0 staging, 1 staged
+// (being written), 2 committed, 3 failed.
 //
 //export ckpt_save_state
-func ckpt_save_state(h C.uintptr_t) C.int {
-	s, err := saveOf(h)
-	if err != nil {
-		return -1
-	}
-	return C.int(s.h.State())
+func ckpt_save_state(h C.uintptr_t, state *C.int, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_save_state", cls, rule, msg, func() error {
+		return withHandle(h, "save", func(s *saveHandle) error { *state = C.int(s.h.State()); return nil })
+	})
 }
 
 // saveResult is what ckpt_save_wait returns for a committed save.
@@ -260,49 +269,66 @@ type saveResult struct {
 // does not consume the failure: the saver's next save still reports it.
 //
 //export ckpt_save_wait
-func ckpt_save_wait(h C.uintptr_t, timeoutMs C.int64_t, done *C.int, result **C.char, cls *C.int, rule, msg **C.char) C.int {
-	s, err := saveOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*done = 0
-	if timeoutMs < 0 {
-		<-s.done
-	} else {
-		t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
-		defer t.Stop()
-		select {
-		case <-s.done:
-		case <-t.C:
-			return 0
-		}
-	}
-	*done = 1
-	res, err := s.h.Wait(context.Background())
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	out := saveResult{URL: res.URL, BytesWritten: res.BytesWritten, MetadataBytes: res.MetadataBytes,
-		Seconds: s.h.Elapsed().Seconds(), StallSeconds: s.h.Stall().Seconds(), WaitedSeconds: s.h.Waited().Seconds()}
-	if s.cleanupErr != nil {
-		out.Warning = s.cleanupErr.Error()
-	}
-	str, err := cjson(out)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*result = str
-	return 0
+func ckpt_save_wait(tok, h C.uintptr_t, timeoutMs C.int64_t, done *C.int, result **C.char, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_save_wait", cls, rule, msg, func() error {
+		return withCall(tok, nil, func(ctx context.Context) error {
+			return withHandle(h, "save", func(s *saveHandle) error {
+				*done = 0
+				var timeout <-chan time.Time
+				if timeoutMs >= 0 {
+					t := time.NewTimer(time.Duration(timeoutMs) * time.Millisecond)
+					defer t.Stop()
+					timeout = t.C
+				}
+				select {
+				case <-s.done:
+				case <-timeout:
+					return nil
+				case <-ctx.Done():
+					return ckpterr.WithClass(fmt.Errorf("wait for the save to %s: %w", s.url, ctx.Err()), ckpterr.Canceled)
+				}
+				*done = 1
+				res, err := s.h.Wait(ctx)
+				if err != nil {
+					return err
+				}
+				out := saveResult{URL: res.URL, BytesWritten: res.BytesWritten, MetadataBytes: res.MetadataBytes,
+					Seconds: s.h.Elapsed().Seconds(), StallSeconds: s.h.Stall().Seconds(), WaitedSeconds: s.h.Waited().Seconds()}
+				if s.cleanupErr != nil {
+					out.Warning = s.cleanupErr.Error()
+				}
+				return setJSON(result, out)
+			})
+		})
+	})
 }
 
 // ckpt_save_release releases a save handle (the save itself goes on if it
 // is still running).
 //
 //export ckpt_save_release
-func ckpt_save_release(h C.uintptr_t) {
-	if _, err := saveOf(h); err == nil {
-		cgo.Handle(h).Delete()
-	}
+func ckpt_save_release(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_save_release", cls, rule, msg, func() error {
+		_, err := remove[*saveHandle](&handles, uint64(h), "save")
+		return err
+	})
+}
+
+// ckpt_saver_cancel aborts the saver's newest save if it is still running:
+// it fails with a Canceled error and commits nothing. A job interrupted by Ctrl-C calls it at exit instead of waiting.
+//
+//export ckpt_saver_cancel
+func ckpt_saver_cancel(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_saver_cancel", cls, rule, msg, func() error {
+		return withHandle(h, "saver", func(svh *saverHandle) error {
+			svh.mu.Lock()
+			defer svh.mu.Unlock()
+			if svh.cancel != nil {
+				svh.cancel()
+			}
+			return nil
+		})
+	})
 }
 
 // ckpt_saver_stats returns the saver's staging figures (saver.Stats) as
@@ -310,17 +336,9 @@ func ckpt_save_release(h C.uintptr_t) {
 //
 //export ckpt_saver_stats
 func ckpt_saver_stats(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.char) C.int {
-	svh, err := saverOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	st := svh.sv.Stats()
-	s, err := cjson(map[string]int64{"budget_bytes": st.BudgetBytes, "pool_bytes": st.PoolBytes, "held_bytes": st.HeldBytes, "peak_bytes": st.PeakBytes})
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	*out = s
-	return 0
+	return guard("ckpt_saver_stats", cls, rule, msg, func() error {
+		return withHandle(h, "saver", func(svh *saverHandle) error { return setJSON(out, saverStatsOf(svh.sv.Stats())) })
+	})
 }
 
 // ckpt_saver_idle waits for the saver's save in flight and fails with its
@@ -331,20 +349,31 @@ func ckpt_saver_stats(h C.uintptr_t, out **C.char, cls *C.int, rule, msg **C.cha
 // well (saver.Saver.Close: the pool too).
 //
 //export ckpt_saver_idle
-func ckpt_saver_idle(h C.uintptr_t, closeIt C.int, cls *C.int, rule, msg **C.char) C.int {
-	svh, err := saverOf(h)
-	if err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	ctx := context.Background()
-	if closeIt != 0 {
-		cgo.Handle(h).Delete()
-	} else if _, err := svh.sv.Wait(ctx); err == nil {
-		return 0 // the newest save committed: nothing to report
-	}
-	// Close reports the failure only if no save call returned it yet.
-	if err := svh.sv.Close(ctx); err != nil {
-		return fail(err, cls, rule, msg)
-	}
-	return 0
+func ckpt_saver_idle(tok, h C.uintptr_t, closeIt C.int, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_saver_idle", cls, rule, msg, func() error {
+		return withCall(tok, nil, func(ctx context.Context) error {
+			var svh *saverHandle
+			if closeIt != 0 {
+				v, err := remove[*saverHandle](&handles, uint64(h), "saver")
+				if err != nil {
+					return err
+				}
+				svh = v
+			} else {
+				v, release, err := acquire[*saverHandle](&handles, uint64(h), "saver")
+				if err != nil {
+					return err
+				}
+				defer release()
+				if _, err := v.sv.Wait(ctx); err == nil {
+					return nil // the newest save committed: nothing to report
+				} else if ctx.Err() != nil {
+					return ckpterr.WithClass(fmt.Errorf("wait for the save in flight: %w", err), ckpterr.Canceled)
+				}
+				svh = v
+			}
+			// Close reports the failure only if no save call returned it yet.
+			return svh.sv.Close(ctx)
+		})
+	})
 }

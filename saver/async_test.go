@@ -124,7 +124,12 @@ func (g *gate) Put(ctx context.Context, key string, size int64, r io.Reader, opt
 
 func newSaver(t *testing.T, budget int64) *saver.Saver {
 	t.Helper()
-	s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: budget})
+	return newSaverWith(t, saver.AsyncOptions{StagingBytes: budget})
+}
+
+func newSaverWith(t *testing.T, opts saver.AsyncOptions) *saver.Saver {
+	t.Helper()
+	s, err := saver.NewSaver(opts)
 	require.NoError(t, err)
 	return s
 }

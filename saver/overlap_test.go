@@ -13,9 +13,7 @@ import (
 
 func newOverlapSaver(t *testing.T, budget int64) *saver.Saver {
 	t.Helper()
-	s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: budget, Overlap: true})
-	require.NoError(t, err)
-	return s
+	return newSaverWith(t, saver.AsyncOptions{StagingBytes: budget, Overlap: true})
 }
 
 // With Overlap, SaveAsync returns once the save is planned, while staging

@@ -6,8 +6,10 @@
 #   scripts/bench.sh --size 64MiB        # quick check
 #   BENCH_SERVERS=1 scripts/bench.sh     # also start the S3/GCS test servers
 #   scripts/bench.sh --only meta --profile-dir /tmp/prof
+#   scripts/bench.sh --only torch        # the PyTorch comparison alone
 #
-# Any argument is passed to ckptbench (see `ckptbench -h`). The S3 and GCS
+# Any argument is passed to ckptbench (see `ckptbench -h`); `--only torch`
+# runs only the PyTorch comparison (below). The S3 and GCS
 # figures run when CKPTKIT_TEST_S3_URL / CKPTKIT_TEST_GCS_URL are set, for
 # example by `eval "$(scripts/test-servers.sh start)"`; otherwise they print
 # "skipped" rows. bench/dcp_compare.sh (PyTorch DCP comparison) is separate.
@@ -38,16 +40,26 @@ if [[ -n ${CKPTKIT_TEST_S3_URL:-} ]] && bash scripts/test-servers.sh status >/de
 	eval "$(bash scripts/test-servers.sh pids)"
 fi
 
-go build -o "$BIN_DIR/ckptbench" ./bench/cmd/ckptbench
 echo "bench: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-"$BIN_DIR/ckptbench" --json bench/results.json "$@"
-
-# --- PyTorch (wt/torch): ckptkit.torch's StorageWriter/StorageReader against
-# torch's FileSystemWriter/FileSystemReader, ~1 GiB, in the torch 2.6
-# environment when it exists (scripts/torch-env.sh build; docs/TORCH.md).
-if bash scripts/torch-env.sh status; then
-	make -s python
-	bash scripts/torch-env.sh run python3 bench/torch_bench.py --runs 5 --json bench/torch_results.json
-else
-	echo "bench: torch comparison skipped: no torch environment (bash scripts/torch-env.sh build)" >&2
+if [[ "$*" != "--only torch" ]]; then
+	go build -o "$BIN_DIR/ckptbench" ./bench/cmd/ckptbench
+	"$BIN_DIR/ckptbench" --json bench/results.json "$@"
 fi
+
+# --- PyTorch: ckptkit.torch's StorageWriter/StorageReader against torch's
+# FileSystemWriter/FileSystemReader and the single-copy limit (the
+# "physical" row), ~1 GiB, in every torch environment that exists (trixie:
+# torch 2.6; forky: the newest; scripts/torch-env.sh build; docs/TORCH.md).
+# BENCH_TORCH_RUNS (default 5) runs each; results in bench/torch_results-SUITE.json.
+made=0
+for suite in trixie forky; do
+	if bash scripts/torch-env.sh -s "$suite" status; then
+		((made)) || make -s python
+		made=1
+		echo "bench: torch comparison on $suite ($(bash scripts/torch-env.sh -s "$suite" version)), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+		bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-5}" \
+			--json "bench/torch_results-$suite.json"
+	else
+		echo "bench: torch comparison on $suite skipped: no torch environment (bash scripts/torch-env.sh -s $suite build)" >&2
+	fi
+done

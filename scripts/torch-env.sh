@@ -140,8 +140,15 @@ run() {
 	# servers on 127.0.0.1 are reachable with the host's URLs.
 	local status=0 v
 	local -a pass=()
-	for v in CKPTKIT_TEST_S3_URL CKPTKIT_TEST_GCS_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_REGION \
-		STORAGE_EMULATOR_HOST CKPTKIT_PLUGIN_DIR CKPTKIT_BENCH_DIR CKPTKIT_BENCH_BYTES CI; do
+	# Every variable of README's environment table (and the rest of the
+	# AWS_*, GOOGLE_* and CKPTKIT_* families), except those set below for
+	# inside the chroot. A path a variable names must be visible there.
+	for v in $(compgen -v); do
+		case $v in
+		CKPTKIT_FIXTURES | CKPTKIT_CKPT_BIN | CKPTKIT_TORCH_SUITE | CKPTKIT_TORCH_ENV) continue ;;
+		AWS_* | GOOGLE_* | CLOUDSDK_* | CKPTKIT_* | STORAGE_EMULATOR_HOST | WITH_SEAWEEDFS | CI) ;;
+		*) continue ;;
+		esac
 		if [[ -n ${!v:-} ]]; then
 			pass+=("$v=${!v}")
 		fi

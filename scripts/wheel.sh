@@ -30,6 +30,6 @@ whl=$(ls dist/ckptkit-"$version"-py3-none-*.whl)
 case $whl in
 *-none-any.whl) echo "wheel.sh: $whl is not platform-tagged" >&2; exit 1 ;;
 esac
-python3 -c 'import sys, zipfile; sys.exit("ckptkit/libckptkit.so" not in zipfile.ZipFile(sys.argv[1]).namelist())' "$whl" ||
+python3 -c 'import sys, zipfile; sys.exit(not any(n.endswith("ckptkit/libckptkit.so") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$whl" ||
 	{ echo "wheel.sh: $whl lacks ckptkit/libckptkit.so" >&2; exit 1; }
 echo "$whl"

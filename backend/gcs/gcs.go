@@ -18,7 +18,8 @@
 //
 // Credentials are Application Default Credentials. When STORAGE_EMULATOR_HOST
 // is set (for example to fake-gcs-server), the client talks to that host
-// without authentication.
+// without authentication; the variable is read through backend.Getenv, so a
+// caller may pass the environment of the moment (backend.WithEnv).
 //
 // Resumable uploads are tracked: GCS cannot list resumable sessions, so the
 // driver records each one in a marker object (MarkerDir) while it is open,
@@ -43,7 +44,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 
 	"cloud.google.com/go/storage"
@@ -112,8 +112,15 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 	}
 	opts.ChunkSize = roundChunk(opts.ChunkSize)
 	copts := opts.ClientOptions
-	if os.Getenv("STORAGE_EMULATOR_HOST") != "" {
-		copts = append([]option.ClientOption{option.WithoutAuthentication()}, copts...)
+	if host := backend.Getenv(ctx, "STORAGE_EMULATOR_HOST"); host != "" {
+		// The endpoint is given explicitly: storage.NewClient would read
+		// the variable from the process environment, which may be stale
+		// (backend.WithEnv).
+		if !strings.Contains(host, "://") {
+			host = "http://" + host
+		}
+		copts = append([]option.ClientOption{option.WithoutAuthentication(),
+			option.WithEndpoint(strings.TrimSuffix(host, "/") + "/storage/v1/")}, copts...)
 	}
 	// The HTTP client is built here (as storage.NewClient would, with its
 	// scopes and credentials) so that its transport can see the responses

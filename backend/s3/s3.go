@@ -30,7 +30,9 @@
 // Credentials never come from the URL. They come, in this order, from
 // AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, the shared
 // credentials file (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials, profile
-// AWS_PROFILE) and the EC2/ECS instance role.
+// AWS_PROFILE) and the EC2/ECS instance role. Opened by URL, the driver reads
+// these variables (and the endpoint and region ones) through backend.Getenv,
+// so a caller may pass the environment of the moment (backend.WithEnv).
 package s3
 
 import (
@@ -158,6 +160,26 @@ func DefaultCredentials() *credentials.Credentials {
 	})
 }
 
+// envCredentials is DefaultCredentials with the variables read through
+// getenv instead of minio's os.Getenv: the keys (AWS_ACCESS_KEY_ID /
+// AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, or AWS_ACCESS_KEY /
+// AWS_SECRET_KEY), the shared credentials file (AWS_SHARED_CREDENTIALS_FILE,
+// else the default files) and its profile (AWS_PROFILE, else "default"),
+// and the region of the instance role.
+func envCredentials(getenv func(string) string) *credentials.Credentials {
+	var chain []credentials.Provider
+	id, secret := firstNonEmpty(getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_ACCESS_KEY")), firstNonEmpty(getenv("AWS_SECRET_ACCESS_KEY"), getenv("AWS_SECRET_KEY"))
+	if id != "" && secret != "" {
+		chain = append(chain, &credentials.Static{Value: credentials.Value{AccessKeyID: id, SecretAccessKey: secret,
+			SessionToken: getenv("AWS_SESSION_TOKEN"), SignerType: credentials.SignatureV4}})
+	}
+	chain = append(chain,
+		&credentials.FileAWSCredentials{Filename: getenv("AWS_SHARED_CREDENTIALS_FILE"), Profile: firstNonEmpty(getenv("AWS_PROFILE"), "default")},
+		&credentials.IAM{Client: &http.Client{Transport: http.DefaultTransport, Timeout: 5 * time.Second},
+			Region: firstNonEmpty(getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION"))})
+	return credentials.NewChainCredentials(chain)
+}
+
 // Driver is a backend.Driver on one S3 bucket.
 type Driver struct {
 	bucket    string
@@ -227,15 +249,19 @@ func (s schemeHint) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// open is the backend.Opener of the "s3" scheme.
-func open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
+// open is the backend.Opener of the "s3" scheme. Every environment variable
+// it uses is read through backend.Getenv (the caller's environment of the
+// moment when ctx carries one).
+func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
 	if u.User != nil {
 		return nil, "", errors.New("s3: credentials in the URL are not accepted; use AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the shared credentials file")
 	}
-	opts, err := ParseQuery(u.Query())
+	getenv := func(k string) string { return backend.Getenv(ctx, k) }
+	opts, err := parseQuery(u.Query(), getenv)
 	if err != nil {
 		return nil, "", err
 	}
+	opts.Credentials = envCredentials(getenv)
 	// minio checks bucket names only when a request is made, with an
 	// unclassified error; a name S3 forbids is the URL's fault.
 	if err := s3utils.CheckValidBucketName(u.Host); err != nil {
@@ -250,9 +276,12 @@ func open(_ context.Context, u *url.URL) (backend.Driver, string, error) {
 
 // ParseQuery turns an s3:// URL's query into Options, filling what the query
 // leaves out from the environment. Unknown parameters are an error.
-func ParseQuery(q url.Values) (Options, error) {
+func ParseQuery(q url.Values) (Options, error) { return parseQuery(q, os.Getenv) }
+
+// parseQuery is ParseQuery reading the environment through getenv.
+func parseQuery(q url.Values, getenv func(string) string) (Options, error) {
 	var o Options
-	endpoint := firstNonEmpty(q.Get("endpoint"), os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	endpoint := firstNonEmpty(q.Get("endpoint"), getenv("AWS_ENDPOINT_URL_S3"), getenv("AWS_ENDPOINT_URL"))
 	if strings.Contains(endpoint, "://") {
 		eu, err := url.Parse(endpoint)
 		if err != nil || eu.Host == "" {
@@ -262,7 +291,7 @@ func ParseQuery(q url.Values) (Options, error) {
 		endpoint = eu.Host
 	}
 	o.Endpoint = endpoint
-	o.Region = firstNonEmpty(q.Get("region"), os.Getenv("AWS_REGION"), os.Getenv("AWS_DEFAULT_REGION"))
+	o.Region = firstNonEmpty(q.Get("region"), getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION"))
 	for k, vs := range q {
 		v := vs[len(vs)-1]
 		var err error

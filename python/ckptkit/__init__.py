@@ -12,8 +12,10 @@ is in :mod:`ckptkit.torch`. docs/TORCH.md documents both.
 
 import ctypes
 import json
+import threading
 
 from . import _lib
+from ._lib import CancelScope
 from .errors import (  # noqa: F401 (re-exported)
     AccessError,
     BadCheckpointError,
@@ -35,6 +37,7 @@ from .errors import (  # noqa: F401 (re-exported)
 
 __all__ = [
     "Store",
+    "CancelScope",
     "ObjectInfo",
     "RawBuffer",
     "abi_version",
@@ -107,6 +110,11 @@ def goroutines():
     return _lib.lib().ckpt_goroutines()
 
 
+def live_handles():
+    """The number of handles of the Go core open (leak tests)."""
+    return _lib.lib().ckpt_handles()
+
+
 class ObjectInfo:
     """One listing entry: key (relative to the store), size, mtime_ns."""
 
@@ -122,37 +130,53 @@ class ObjectInfo:
 class Store(_lib.Closing):
     """A storage prefix opened by URL (file://, mem://, s3://, gs://, plugin
     schemes from $CKPTKIT_PLUGIN_DIR). Safe to use from several threads;
-    every call releases the GIL while the Go core works."""
+    every call releases the GIL while the Go core works. ``close()`` from one
+    thread while others use the store waits for their calls in flight; later
+    calls raise ``UsageError``. The environment variables the backend needs
+    (credentials, endpoint, region, ...) are taken from ``os.environ`` when
+    the store is opened. Every I/O method takes ``scope``, a
+    :class:`CancelScope` whose ``cancel()`` stops it."""
 
     def __init__(self, url):
-        self._h = ctypes.c_size_t(0)
+        self._h = 0
         self._borrowed = False
-        _lib.call("ckpt_open", url.encode(), ctypes.byref(self._h))
+        self._close_lock = threading.Lock()
         self.url = url
+        h = ctypes.c_size_t(0)
+        _lib.call("ckpt_open", url.encode(), _lib.environment(), ctypes.byref(h))
+        self._h = h.value
 
     @classmethod
     def _from_handle(cls, handle, url):
         st = cls.__new__(cls)
-        st._h = ctypes.c_size_t(handle)
+        st._h = handle
         st.url = url
         st._borrowed = True
+        st._close_lock = threading.Lock()
         return st
 
     def _handle(self):
-        if not self._h.value:
+        # A handle read here may be closed by another thread before the
+        # call reaches the Go core: the core's handle table then refuses
+        # it with a UsageError, it never reaches a released store.
+        h = self._h
+        if not h:
             raise UsageError(f"store {self.url} is closed")
-        return self._h
+        return h
 
     def close(self):
-        """Release the store (idempotent)."""
-        if self._h.value:
-            h, self._h = self._h, ctypes.c_size_t(0)
-            if not self._borrowed:
-                _lib.call("ckpt_close", h)
+        """Release the store (idempotent, thread-safe); waits for the calls
+        in flight on it."""
+        with self._close_lock:
+            h, self._h = self._h, 0
+        if h and not self._borrowed:
+            _lib.call("ckpt_close", h)
 
     def object_url(self, key=""):
         """The redacted URL of key below the store."""
-        return _lib.take_string(_lib.lib().ckpt_url(self._handle(), key.encode()))
+        out = ctypes.c_void_p()
+        _lib.call("ckpt_url", self._handle(), key.encode(), ctypes.byref(out))
+        return _lib.take_string(out.value)
 
     def capabilities(self):
         """The backend's capabilities (create_if_absent, server_crc32c, ...)."""
@@ -160,7 +184,7 @@ class Store(_lib.Closing):
         _lib.call("ckpt_capabilities", self._handle(), ctypes.byref(out))
         return json.loads(_lib.take_string(out))
 
-    def put(self, key, data, *, if_absent=False, groups=None):
+    def put(self, key, data, *, if_absent=False, groups=None, scope=None):
         """Write data (one buffer or a list of buffers, concatenated) as key,
         of exactly their total size, with its CRC32C (checked by the server
         where the backend supports it). With if_absent the write fails with
@@ -193,22 +217,23 @@ class Store(_lib.Closing):
             1 if if_absent else 0,
             crcs,
             ctypes.byref(total),
+            scope=scope,
         )
         del keep
         return total.value, list(crcs[:ngroups])
 
-    def read_into(self, key, offset, buf):
+    def read_into(self, key, offset, buf, *, scope=None):
         """Read exactly len(buf) bytes of key at offset into the writable
         buffer buf (no copy through Python); returns their CRC32C."""
         addr, n, keep = _address(buf)
         if memoryview(buf).readonly:
             raise UsageError("read_into needs a writable buffer")
         crc = ctypes.c_uint32(0)
-        _lib.call("ckpt_read", self._handle(), key.encode(), offset, n, addr, ctypes.byref(crc))
+        _lib.call("ckpt_read", self._handle(), key.encode(), offset, n, addr, ctypes.byref(crc), scope=scope)
         del keep
         return crc.value
 
-    def read_segments(self, key, offset, buf, lengths):
+    def read_segments(self, key, offset, buf, lengths, *, scope=None):
         """Read consecutive segments of key, starting at offset, of the
         given lengths into the writable buffer buf (back to back, as one
         ranged read; len(buf) must be their sum) and return each segment's
@@ -221,24 +246,24 @@ class Store(_lib.Closing):
         k = len(lengths)
         lens = (ctypes.c_int64 * k)(*lengths)
         crcs = (ctypes.c_uint32 * k)()
-        _lib.call("ckpt_read_segments", self._handle(), key.encode(), offset, k, lens, addr, crcs)
+        _lib.call("ckpt_read_segments", self._handle(), key.encode(), offset, k, lens, addr, crcs, scope=scope)
         del keep
         return list(crcs)
 
-    def read(self, key, offset=0, length=None):
+    def read(self, key, offset=0, length=None, *, scope=None):
         """Read length bytes of key at offset (the whole object when length
         is None)."""
         if length is None:
             out = ctypes.c_void_p()
             n = ctypes.c_int64(0)
-            _lib.call("ckpt_read_all", self._handle(), key.encode(), 0, ctypes.byref(out), ctypes.byref(n))
+            _lib.call("ckpt_read_all", self._handle(), key.encode(), 0, ctypes.byref(out), ctypes.byref(n), scope=scope)
             data = _lib.take_bytes(out.value, n.value)
             return data[offset:] if offset else data
         buf = bytearray(length)
-        self.read_into(key, offset, buf)
+        self.read_into(key, offset, buf, scope=scope)
         return bytes(buf)
 
-    def stat(self, key):
+    def stat(self, key, *, scope=None):
         """(size, mtime_ns, crc32c or None) of key; NotFoundError when absent."""
         size, mt, crc, has = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_uint32(), ctypes.c_int()
         _lib.call(
@@ -249,6 +274,7 @@ class Store(_lib.Closing):
             ctypes.byref(mt),
             ctypes.byref(crc),
             ctypes.byref(has),
+            scope=scope,
         )
         return size.value, mt.value, (crc.value if has.value else None)
 
@@ -260,12 +286,12 @@ class Store(_lib.Closing):
         except NotFoundError:
             return False
 
-    def list(self, prefix=""):
+    def list(self, prefix="", *, scope=None):
         """The objects under prefix, in ascending key order."""
         out = ctypes.c_void_p()
-        _lib.call("ckpt_list", self._handle(), prefix.encode(), ctypes.byref(out))
+        _lib.call("ckpt_list", self._handle(), prefix.encode(), ctypes.byref(out), scope=scope)
         return [ObjectInfo(e["key"], e["size"], e["mtime_ns"]) for e in json.loads(_lib.take_string(out))]
 
-    def delete(self, key):
+    def delete(self, key, *, scope=None):
         """Remove key; a missing key is not an error."""
-        _lib.call("ckpt_delete", self._handle(), key.encode())
+        _lib.call("ckpt_delete", self._handle(), key.encode(), scope=scope)

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflat
 from ckptkit import _lib
 from ckptkit.errors import (
     BadCheckpointError,
+    CanceledError,
     CheckpointError,
     NotFoundError,
     UnsupportedError,
@@ -38,11 +39,11 @@ from ckptkit.errors import (
 )
 
 from . import _async
-from ._async import AsyncSave, AsyncSaver
+from ._async import AsyncSave, AsyncSaver, close
 from ._storage import Checkpoint, StorageReader, StorageWriter, census_members, decode_integrity, encode_integrity
 
 __all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
-           "AsyncSave", "AsyncSaver",
+           "AsyncSave", "AsyncSaver", "close",
            "encode_integrity", "decode_integrity", "census_members"]
 
 log = logging.getLogger("ckptkit")
@@ -239,6 +240,10 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     try:
         dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, census=census, **writer_options))
     except BaseException as e:  # torch's CheckpointException is a BaseException
+        if _interrupt(e) is not None:
+            # Ctrl-C (or a cancellation) during the save: the uploads in
+            # flight were aborted, nothing is committed.
+            raise _interrupt(e) from e
         inner = _ckptkit_error(e)
         if inner is not None:
             # The storage layer's own error (ConflictError, NotFoundError,
@@ -246,6 +251,18 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
             raise inner from e
         raise
     return url
+
+
+def _interrupt(exc):
+    """The KeyboardInterrupt or CanceledError that interrupted a save (exc
+    itself, or what torch's CheckpointException wraps), or None."""
+    if isinstance(exc, (KeyboardInterrupt, CanceledError)):
+        return exc
+    for inner in (getattr(exc, "failures", None) or {}).values():
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, (KeyboardInterrupt, CanceledError)):
+            return inner
+    return None
 
 
 def _ckptkit_error(exc):
@@ -451,7 +468,7 @@ def _decode_values(rep, flat, where):
     that does not decode is a BadCheckpointError naming the key, the
     decoder's error chained."""
     values = {}
-    for k, b64 in (rep.get("bytes") or [{}])[0].items():
+    for k, b64 in (rep["bytes"] or [{}])[0].items():
         if b64 is None:
             continue
         try:
@@ -638,7 +655,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     # Every rule is checked before any buffer is written, and every CRC
     # (without a fallback) too.
     rep = ck.load(spec, buffers)
-    for fb in rep.get("fallbacks") or []:
+    for fb in rep["fallbacks"]:
         msg = (f"checkpoint {fb['url']} is damaged ({fb['reason']}); resuming from the next older valid checkpoint, "
                f"{rep['info']['url']}")
         # Once: a RuntimeWarning (logging.captureWarnings routes it to the
@@ -656,8 +673,8 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         flat[k] = v
     nested = unflatten_state_dict(flat, mapping)
 
-    lazy = list(rep.get("LazyParams") or [])
-    loaded_optim = bool(rep.get("OptimizerLoaded")) and optimizer is not None and load_optimizer
+    lazy = list(rep["lazy_params"])
+    loaded_optim = bool(rep["optimizer_loaded"]) and optimizer is not None and load_optimizer
     if loaded_optim:
         _apply_optimizer(model, opts, nested[optimizer_prefix], set(lazy))
     if scheduler is not None and SCHEDULER_KEY in nested:
@@ -672,14 +689,14 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
                 g["lr"] = lr
     for k in extra_state or {}:
         extra_state[k] = nested[k]
-    step = rep.get("Iteration") or 0
+    step = rep["iteration"]
     if STEP_KEY in nested and isinstance(nested[STEP_KEY], int):
         step = nested[STEP_KEY]
     out = ResumeReport(step=int(step), url=ck.url, checkpoint_step=int(ck.info.get("step") or 0), lazy_params=lazy,
                        optimizer_loaded=loaded_optim,
-                       skipped=ck.info.get("skipped") or [], extra_keys=list(rep.get("ExtraKeys") or []),
-                       summary=rep.get("summary", ""), bytes_read=rep.get("BytesRead", 0),
-                       read_requests=rep.get("ReadRequests", 0), kept_fields=kept)
+                       skipped=ck.info.get("skipped") or [], extra_keys=list(rep["extra_keys"]),
+                       summary=rep["summary"], bytes_read=rep["bytes_read"],
+                       read_requests=rep["read_requests"], kept_fields=kept)
     if rank == 0:
         log.info("%s", out.summary)
         if kept:

@@ -10,12 +10,17 @@ import atexit
 import ctypes
 import io
 import json
+import logging
+import os
+import sys
 import threading
 
 import torch
 
-from ckptkit import _lib
-from ckptkit.errors import UsageError
+from ckptkit import _lib, errors
+from ckptkit.errors import CheckpointError, UsageError
+
+log = logging.getLogger("ckptkit")
 
 #: The states of an asynchronous save, as ckpt_save_state numbers them.
 STATES = ("staging", "staged", "committed", "failed")
@@ -30,24 +35,29 @@ class AsyncSaver(_lib.Closing):
     """One saver.Saver of the Go core: its staging pool (at most
     ``staging_bytes`` held at any moment, reused from save to save), at most
     one save in flight, and the rule that a background failure is reported
-    by the next save as well as by ``AsyncSave.wait``."""
+    by the next save as well as by ``AsyncSave.wait``. Thread-safe."""
 
     def __init__(self, staging_bytes=None):
+        self._h = 0
+        self._close_lock = threading.Lock()
+        self._last = None  # the newest AsyncSave
         self.staging_bytes = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
         h = ctypes.c_size_t(0)
         _lib.call("ckpt_saver_new", self.staging_bytes, ctypes.byref(h))
-        self._h = h
+        self._h = h.value
 
     def _handle(self):
-        if not self._h.value:
+        h = self._h
+        if not h:
             raise UsageError("the saver is closed")
-        return self._h
+        return h
 
     def save(self, url, spec, tensors):
         """Start the save of one rank's state to the checkpoint url: spec is
         the C ABI's save spec (capi/saver.go saveSpec) without the
         tensors, tensors a list of (spec entry, contiguous CPU tensor).
-        Returns an AsyncSave once the state is staged."""
+        Returns an AsyncSave once the state is staged. Ctrl-C while it
+        stages aborts it (nothing is committed)."""
         entries, ptrs = [], []
         for entry, t in tensors:
             nbytes = t.numel() * t.element_size()
@@ -59,34 +69,43 @@ class AsyncSaver(_lib.Closing):
         out = ctypes.c_size_t(0)
         # tensors stays referenced for the whole call: the Go saver reads
         # their memory until the state is staged, and never after.
-        _lib.call("ckpt_saver_save", self._handle(), url.encode(), json.dumps(spec).encode(), arr, len(ptrs),
-                  ctypes.byref(out))
-        return AsyncSave(out, url)
+        _lib.call("ckpt_saver_save", self._handle(), url.encode(), _lib.environment(), json.dumps(spec).encode(), arr,
+                  len(ptrs), ctypes.byref(out))
+        self._last = AsyncSave(out.value, url)
+        return self._last
 
     def stats(self):
         """The staging figures: budget_bytes, pool_bytes (allocated),
         held_bytes (now), peak_bytes (since the saver was created)."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_saver_stats", self._handle(), ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        return json.loads(_lib.take_string(out.value))
 
     def idle(self):
         """Wait for the save in flight; raise its error if it failed and no
         save reported it yet."""
         _lib.call("ckpt_saver_idle", self._handle(), 0)
 
+    def cancel(self):
+        """Abort the save in flight, if any: it fails with CanceledError and
+        commits nothing."""
+        h = self._h
+        if h:
+            _lib.call("ckpt_saver_cancel", h)
+
     def close(self):
         """Wait for the save in flight and release the saver (idempotent);
         raises the save's error like idle()."""
-        if self._h.value:
-            h, self._h = self._h, ctypes.c_size_t(0)
+        with self._close_lock:
+            h, self._h = self._h, 0
+        if h:
             _lib.call("ckpt_saver_idle", h, 1)
 
 
 class AsyncSave:
     """An asynchronous save returned by ``ckptkit.torch.save(...,
     async_save=True)``: staged when you get it (the tensors may change), then
-    written in the background and committed last.
+    written in the background and committed last. Thread-safe.
 
     ``wait(timeout=None)`` returns the checkpoint URL once committed, or
     raises the save's error (the ckptkit exception of its class);
@@ -111,7 +130,7 @@ class AsyncSave:
         with self._hlock:
             if not self._released:
                 self._released = True
-                _lib.lib().ckpt_save_release(self._h)
+                _lib.call("ckpt_save_release", self._h)
 
     def __del__(self):
         # A save never waited for still ends (and the next save reports a
@@ -131,8 +150,9 @@ class AsyncSave:
         with self._hlock:
             if self._released:  # wait() is just recording the outcome
                 return "committed" if self._error is None else "failed"
-            st = _lib.lib().ckpt_save_state(self._h)
-        return STATES[st] if 0 <= st < len(STATES) else "failed"
+            st = ctypes.c_int(-1)
+            _lib.call("ckpt_save_state", self._h, ctypes.byref(st))
+        return STATES[st.value] if 0 <= st.value < len(STATES) else "failed"
 
     def done(self):
         """True once the save has committed or failed."""
@@ -142,7 +162,8 @@ class AsyncSave:
         """Wait for the commit (at most timeout seconds: TimeoutError after
         that, the save goes on) and return the checkpoint URL; raise the
         save's error if it failed. Waiting does not consume the error: the
-        next save raises it too."""
+        next save raises it too. Ctrl-C interrupts the wait (the save goes
+        on, unless the interpreter then exits: see docs/TORCH.md)."""
         with self._lock:
             if self.result is None and self._error is None:
                 ms = -1 if timeout is None else max(0, int(timeout * 1000))
@@ -150,12 +171,14 @@ class AsyncSave:
                 out = ctypes.c_void_p()
                 try:
                     _lib.call("ckpt_save_wait", self._h, ms, ctypes.byref(done), ctypes.byref(out))
-                except Exception as e:  # the save's own error
+                except CheckpointError as e:  # the save's own error
+                    if not done.value:
+                        raise  # the wait itself failed (cancelled)
                     self._error = e
                 else:
                     if not done.value:
                         raise TimeoutError(f"the save to {self.url} has not ended after {timeout} s")
-                    self.result = json.loads(_lib.take_string(out))
+                    self.result = json.loads(_lib.take_string(out.value))
                 if self.result is not None or self._error is not None:
                     self._release()
             if self._error is not None:
@@ -190,17 +213,74 @@ def current_saver():
     return _saver
 
 
-def _wait_at_exit():
-    # A job that ends right after an asynchronous save still commits it.
-    s = _saver
+def close():
+    """Wait for the asynchronous save in flight, if any, and release the
+    process's saver; raise the save's error if it failed and no call
+    reported it yet. A job calls it after its last save, before it reports
+    success."""
+    global _saver
+    with _saver_lock:
+        s, _saver = _saver, None
     if s is not None:
+        s.close()
+
+
+#: The exit code of a job whose last asynchronous save failed at exit while
+#: it would otherwise have exited 0: the exit code of the error's class (as
+#: the ckpt CLI's, README "Exit codes").
+EXIT_CODES = {errors.BAD_CHECKPOINT: 1, errors.USAGE: 2, errors.NOT_FOUND: 3, errors.ACCESS: 4, errors.TRANSIENT: 5,
+              errors.CONFLICT: 6, errors.UNSUPPORTED: 7, errors.CANCELED: 130}
+
+
+def _interrupted():
+    """The exception the interpreter is exiting with, when it is Ctrl-C or
+    a cancellation (uncaught: the interpreter printed it), else None."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return exc if isinstance(exc, (KeyboardInterrupt, errors.CanceledError)) else None
+
+
+def _at_exit():
+    # A job that ends right after an asynchronous save still commits it;
+    # one interrupted by Ctrl-C (or a cancellation) aborts it instead, so
+    # the interrupt stops the work promptly and nothing is committed. A
+    # failed last save is never silent: it is logged, and a job that would
+    # have exited 0 exits with the error's code.
+    global _saver
+    s = _saver
+    if s is None or _lib.forked():
+        return
+    _saver = None
+    interrupted = _interrupted()
+    if interrupted is not None:
         try:
-            s.idle()
+            s.cancel()
         except Exception:
             pass
+    try:
+        s.close()
+    except BaseException as e:
+        if interrupted is not None and isinstance(e, errors.CanceledError):
+            log.warning("ckptkit: the asynchronous save in flight was aborted by %s; nothing was committed",
+                        type(interrupted).__name__)
+            return
+        log.error("ckptkit: the last asynchronous save failed at exit, nothing of it was committed: %s", e)
+        last = s._last
+        seen = last is not None and last._error is not None  # the job saw it in wait() and went on
+        if not seen and getattr(sys, "last_exc", None) is None and getattr(sys, "last_value", None) is None:
+            # The job would end "successfully": it must not. (os._exit: an
+            # exit handler cannot change the exit status otherwise; the
+            # handlers registered before this one do not run.)
+            code = EXIT_CODES.get(getattr(e, "cls", None), 10)
+            logging.shutdown()
+            for f in (sys.stdout, sys.stderr):
+                try:
+                    f.flush()
+                except Exception:
+                    pass
+            os._exit(code)
 
 
-atexit.register(_wait_at_exit)
+atexit.register(_at_exit)
 
 
 def encode_value(key, v):

@@ -35,6 +35,7 @@ import pickle
 import queue
 import sys
 import threading
+import time
 import uuid
 import warnings
 
@@ -53,7 +54,7 @@ from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, Usage
 
 from ._crcs import read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item, load_metadata
-from ._torchsave import view_tensor
+from ._torchsave import locate_storage, view_tensor
 
 METADATA_KEY = ".metadata"
 # The integrity object's fixed name before objects were named per save;
@@ -64,6 +65,12 @@ INTEGRITY_HEADER_SIZE = 64
 DEFAULT_PART_SIZE = 64 << 20
 DEFAULT_CONCURRENCY = 4
 DEFAULT_MAX_READ = 32 << 20
+# Tensor items of at least this many bytes are read straight into their
+# targets (StorageReader in_place_min); smaller ones are coalesced into
+# buffered reads.
+DEFAULT_IN_PLACE_MIN = 1 << 20
+# How much of an item's start is read to find its storage record.
+HEAD_BYTES = 4096
 
 log = logging.getLogger("ckptkit")
 
@@ -374,11 +381,12 @@ class StorageWriter(_TorchStorageWriter):
             free.put(_Part(1 << 20))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
         futures = []
+        scope = _lib.CancelScope()
 
         def upload(name, part):
             try:
                 bufs, groups = part.body()
-                _, crcs = st.put(name, bufs, groups=groups)
+                _, crcs = st.put(name, bufs, groups=groups, scope=scope)
                 out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc, sp.save_id))
                        for (wi, off, n), crc in zip(part.items, crcs)]
                 del bufs
@@ -403,8 +411,14 @@ class StorageWriter(_TorchStorageWriter):
                 futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
             for f in futures:
                 f.result()
+        except BaseException:
+            # Ctrl-C (or a failed upload): stop the uploads in flight
+            # before waiting for the pool; nothing is committed.
+            scope.cancel()
+            raise
         finally:
             pool.shutdown(wait=True)
+            scope.close()
             self._staged_written()
         fut = Future()
         fut.set_result(results)
@@ -635,12 +649,15 @@ class StorageReader(_TorchStorageReader):
     most ``max_read`` bytes, ``concurrency`` at a time.
     """
 
-    def __init__(self, url, *, concurrency=DEFAULT_CONCURRENCY, max_read=DEFAULT_MAX_READ):
+    def __init__(self, url, *, concurrency=DEFAULT_CONCURRENCY, max_read=DEFAULT_MAX_READ,
+                 in_place_min=DEFAULT_IN_PLACE_MIN):
         super().__init__()
         self._given = url if isinstance(url, Checkpoint) else None
         self.url = url.url if self._given else _url_of(url)
         self.concurrency = max(1, int(concurrency))
         self.max_read = int(max_read)
+        self.in_place_min = max(1, int(in_place_min))
+        self.last_read_stats = {}
         self._ckpt = self._given
         self.storage_data = {}
         self.crcs = None
@@ -693,23 +710,132 @@ class StorageReader(_TorchStorageReader):
 
     def read_data(self, plan, planner):
         ck = self._checkpoint()
-        per_file = {}
+        t0 = time.perf_counter()
+        stats = self.last_read_stats = {"in_place_items": 0, "in_place_bytes": 0, "buffered_items": 0,
+                                        "buffered_bytes": 0, "around_bytes": 0, "calls": 0, "seconds": {}}
+        # Tensors whose stored bytes can land in their target as they are
+        # (a whole stored chunk, target contiguous on the CPU, same dtype
+        # and shape) are read straight into it; the rest (bytes items,
+        # small or resharded chunks, other layouts) through a read buffer.
+        resolved = {}  # id(req) -> the target resolve_tensor gave
+        rest = []
+        cands = []
         for req in plan.items:
+            info = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO or info.length < self.in_place_min \
+                    or any(req.storage_offsets):
+                rest.append(req)
+                continue
+            dst = planner.resolve_tensor(req).detach()
+            resolved[id(req)] = dst
+            if dst.device.type != "cpu" or not dst.is_contiguous() or tuple(dst.shape) != tuple(req.lengths):
+                rest.append(req)
+                continue
+            cands.append((info.relative_path, info.offset, info.length, req, dst))
+        # Ctrl-C (or any failure) cancels the reads in flight, of either
+        # path, before the read threads are waited for.
+        with _lib.CancelScope() as scope:
+            if cands:
+                rest += self._read_in_place(ck, cands, planner, stats, scope)
+            t1 = time.perf_counter()
+            if rest:
+                self._read_buffered(ck, rest, planner, resolved, stats, scope)
+        stats["seconds"].update(plan=t1 - t0 - sum(stats["seconds"].values()), buffered=time.perf_counter() - t1)
+
+        fut = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_in_place(self, ck, cands, planner, stats, scope):
+        """Read the candidates (path, offset, length, req, target) straight
+        into their targets, in two batched calls: the first HEAD_BYTES of
+        each item (where its storage record begins), then each item whole,
+        its storage bytes into the target and the bytes around them into a
+        scratch buffer, its CRC32C computed as they land. Returns the reqs
+        that must be read through a buffer instead (another layout)."""
+        t0 = time.perf_counter()
+        cands.sort(key=lambda c: (c[0], c[1]))
+        heads = bytearray(HEAD_BYTES * len(cands))
+        hv = memoryview(heads)
+        base = _addr(heads)
+        ck.read_items([(p, off, [(base + i * HEAD_BYTES, min(ln, HEAD_BYTES))]) for i, (p, off, ln, _, _) in enumerate(cands)],
+                      self.concurrency, check=False)
+        stats["calls"] += 1
+        t1 = time.perf_counter()
+        rest, go = [], []
+        for i, (path, off, ln, req, dst) in enumerate(cands):
+            loc = locate_storage(hv[i * HEAD_BYTES : i * HEAD_BYTES + min(ln, HEAD_BYTES)])
+            if loc is None or loc.end > ln or loc.dtype != dst.dtype or tuple(loc.size) != tuple(dst.shape):
+                rest.append(req)
+                continue
+            go.append((path, off, ln, req, dst, loc))
+        del hv, heads
+        if not go:
+            return rest
+        around = sum(loc.start + ln - loc.end for _, _, ln, _, _, loc in go)
+        scratch = bytearray(around)
+        sv = memoryview(scratch)
+        sbase = _addr(scratch) if around else 0
+        items, spans, pos = [], [], 0
+        for path, off, ln, req, dst, loc in go:
+            head, tail = (pos, pos + loc.start), (pos + loc.start, pos + loc.start + ln - loc.end)
+            pos = tail[1]
+            segs = [(sbase + head[0], loc.start), (dst.data_ptr(), loc.end - loc.start)]
+            if tail[1] > tail[0]:
+                segs.append((sbase + tail[0], tail[1] - tail[0]))
+            items.append((path, off, segs))
+            spans.append((head, tail))
+        check = self.crcs is not None
+        t2 = time.perf_counter()
+        crcs = ck.read_items(items, self.concurrency, check=check,
+                             keys=[req.storage_index.fqn for _, _, _, req, _, _ in go], scope=scope)
+        stats["calls"] += 1
+        stats["around_bytes"] += around
+        t3 = time.perf_counter()
+        for k, ((path, off, ln, req, dst, loc), (head, tail)) in enumerate(zip(go, spans)):
+            if check:
+                self._check_crc(ck, req, path, off, ln, crcs[k])
+            if not loc.confirm(sv[head[0]:head[1]], sv[tail[0]:tail[1]], ln):
+                rest.append(req)  # not the layout the head promised: read whole
+                continue
+            planner.commit_tensor(req, dst)
+            stats["in_place_items"] += 1
+            stats["in_place_bytes"] += loc.end - loc.start
+        stats["seconds"].update(heads=t1 - t0, locate=t2 - t1, read=t3 - t2, confirm=time.perf_counter() - t3)
+        return rest
+
+    def _check_crc(self, ck, req, path, off, ln, got):
+        """Raise ChecksumError, naming key, object and offset, unless got is
+        the CRC32C the integrity object records for the item."""
+        want = self.crcs.get((path, off, ln))
+        if want is None or got != want:
+            raise ChecksumError(
+                f"checksum mismatch: key {req.storage_index.fqn!r} in object {ck.object_url(path)} at offset {off} "
+                f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
+                rule="checksum")
+
+    def _read_buffered(self, ck, reqs, planner, resolved, stats, scope):
+        """Read reqs in coalesced ranged reads into reusable buffers, check
+        each item and copy it into its target (or hand a bytes item to the
+        planner). resolved holds the targets already resolved."""
+        per_file = {}
+        for req in reqs:
             info = self.storage_data[req.storage_index]
             per_file.setdefault(info.relative_path, []).append((info.offset, info.length, req))
         # Coalesce adjacent or overlapping item ranges into reads of at most
         # max_read bytes (one item larger than that is one read).
         reads = []
-        for path, reqs in per_file.items():
-            reqs.sort(key=lambda r: r[0])
+        for path, items in per_file.items():
+            items.sort(key=lambda r: r[0])
             cur = None
-            for off, ln, req in reqs:
+            for off, ln, req in items:
                 if cur and off <= cur[2] and max(cur[2], off + ln) - cur[1] <= self.max_read:
                     cur[2] = max(cur[2], off + ln)
                     cur[3].append((off, ln, req))
                 else:
                     cur = [path, off, off + ln, [(off, ln, req)]]
                     reads.append(cur)
+        largest = max(r[2] - r[1] for r in reads)
         lock = threading.Lock()
         local = threading.local()
 
@@ -721,7 +847,7 @@ class StorageReader(_TorchStorageReader):
             n = end - start
             backing = getattr(local, "buf", None)
             if backing is None or backing.numel() < n:
-                backing = local.buf = torch.empty(max(n, self.max_read), dtype=torch.uint8)
+                backing = local.buf = torch.empty(max(n, min(largest, self.max_read)), dtype=torch.uint8)
             mv = memoryview((ctypes.c_char * n).from_address(backing.data_ptr())).cast("B") if n else memoryview(bytearray())
             # Items that follow each other without overlapping are read as
             # segments whose CRC32Cs the Go core computes as the bytes land;
@@ -743,21 +869,20 @@ class StorageReader(_TorchStorageReader):
                 if pos < end:
                     seg_lens.append(end - pos)
                     seg_items.append(None)
-                for item_key, crc in zip(seg_items, ck.read_segments(path, start, mv, seg_lens)):
+                for item_key, crc in zip(seg_items, ck.read_segments(path, start, mv, seg_lens, scope=scope)):
                     if item_key is not None:
                         got_crcs[item_key] = crc
             else:
-                ck.read_into(path, start, mv)
+                ck.read_into(path, start, mv, scope=scope)
+            with lock:
+                stats["calls"] += 1
+                stats["buffered_items"] += len(reqs)
+                stats["buffered_bytes"] += n
             for off, ln, req in reqs:
                 item = mv[off - start:off - start + ln]
                 if self.crcs is not None:
-                    want = self.crcs.get((path, off, ln))
-                    got = got_crcs[(off, ln)] if (off, ln) in got_crcs else ckptkit.crc32c(item)
-                    if want is None or got != want:
-                        raise ChecksumError(
-                            f"checksum mismatch: key {req.storage_index.fqn!r} in object {ck.object_url(path)} at offset {off} "
-                            f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
-                            rule="checksum")
+                    self._check_crc(ck, req, path, off, ln,
+                                    got_crcs[(off, ln)] if (off, ln) in got_crcs else ckptkit.crc32c(item))
                 if req.type == LoadItemType.BYTE_IO:
                     # torch's planner unpickles it with a general unpickler
                     # (torch.load(weights_only=False)): it gets only an item
@@ -774,7 +899,9 @@ class StorageReader(_TorchStorageReader):
                     t = torch.load(io.BytesIO(item), map_location="cpu", weights_only=True)
                 t = _narrow(t, req.storage_offsets, req.lengths)
                 with lock:
-                    dst = planner.resolve_tensor(req).detach()
+                    dst = resolved.get(id(req))
+                    if dst is None:
+                        dst = planner.resolve_tensor(req).detach()
                 if dst.size() != t.size():
                     raise ckptkit.MismatchError(f"{req.storage_index.fqn}: stored chunk {tuple(t.size())}, target {tuple(dst.size())}")
                 dst.copy_(t)
@@ -786,11 +913,12 @@ class StorageReader(_TorchStorageReader):
                 run(r)
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-read") as ex:
-                for f in [ex.submit(run, r) for r in reads]:
-                    f.result()
-        fut = Future()
-        fut.set_result(None)
-        return fut
+                try:
+                    for f in [ex.submit(run, r) for r in reads]:
+                        f.result()
+                except BaseException:
+                    scope.cancel()
+                    raise
 
     @property
     def checkpoint_id(self):
@@ -841,6 +969,11 @@ def _called_by_dcp_loader():
     return f is not None and f.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict_loader"
 
 
+def _addr(buf):
+    """The address of a bytearray's first byte (kept alive by the caller)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
 def _narrow(t, offsets, lengths):
     for dim, (off, ln) in enumerate(zip(offsets, lengths)):
         if off != 0 or ln != t.size(dim):
@@ -855,11 +988,13 @@ class Checkpoint(_lib.Closing):
     run has no committed checkpoint)."""
 
     def __init__(self, url):
+        self._h = 0
+        self._close_lock = threading.Lock()
         h = ctypes.c_size_t(0)
         info = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), ctypes.byref(h), ctypes.byref(info))
-        self._h = h
-        self.info = json.loads(_lib.take_string(info))
+        _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), _lib.environment(), ctypes.byref(h), ctypes.byref(info))
+        self._h = h.value
+        self.info = json.loads(_lib.take_string(info.value))
         self.url = self.info["url"]
         self._md = None
         self._crcs = False
@@ -874,7 +1009,7 @@ class Checkpoint(_lib.Closing):
         """The metadata object's bytes, as read at open."""
         out = ctypes.c_void_p()
         n = ctypes.c_int64(0)
-        _lib.call("ckpt_checkpoint_metadata", self._h, ctypes.byref(out), ctypes.byref(n))
+        _lib.call("ckpt_checkpoint_metadata", self._handle(), ctypes.byref(out), ctypes.byref(n))
         return _lib.take_bytes(out.value, n.value)
 
     def torch_metadata(self):
@@ -937,14 +1072,43 @@ class Checkpoint(_lib.Closing):
                     f"{tag}, which ckptkit writes with its CRC32Cs")
         return self._crcs
 
-    def read_into(self, key, offset, buf):
+    def read_into(self, key, offset, buf, *, scope=None):
         """Read len(buf) bytes of data object key at offset into buf."""
-        return self._store.read_into(key, offset, buf)
+        return self._store.read_into(key, offset, buf, scope=scope)
 
-    def read_segments(self, key, offset, buf, lengths):
+    def read_segments(self, key, offset, buf, lengths, *, scope=None):
         """Read consecutive segments of data object key into buf and return
         their CRC32Cs (see Store.read_segments)."""
-        return self._store.read_segments(key, offset, buf, lengths)
+        return self._store.read_segments(key, offset, buf, lengths, scope=scope)
+
+    def read_items(self, items, concurrency, check=True, keys=None, *, scope=None):
+        """Read items, each (object key, offset, [(address, length), ...]):
+        one ranged read of the segments' total length whose bytes land in
+        the segments (C memory the caller keeps alive) in turn, up to
+        concurrency items at once, in one call into the Go core (which
+        releases the GIL). Returns each item's CRC32C, computed as its
+        bytes land, or None when check is False (nothing hashed). keys
+        (optional, one per item) name the item in an error."""
+        n = len(items)
+        if not n:
+            return [] if check else None
+        names = (ctypes.c_char_p * n)(*[k.encode() for k, _, _ in items])
+        offsets = (ctypes.c_int64 * n)(*[off for _, off, _ in items])
+        counts = (ctypes.c_int32 * n)(*[len(segs) for _, _, segs in items])
+        flat = [seg for _, _, segs in items for seg in segs]
+        lens = (ctypes.c_int64 * max(1, len(flat)))(*[ln for _, ln in flat])
+        ptrs = (ctypes.c_void_p * max(1, len(flat)))(*[a for a, _ in flat])
+        crcs = (ctypes.c_uint32 * n)() if check else None
+        failed = ctypes.c_int(-1)
+        try:
+            _lib.call("ckpt_read_items", self._store._handle(), n, names, offsets, counts, lens, ptrs, crcs,
+                      max(1, int(concurrency)), ctypes.byref(failed), scope=scope)
+        except ckptkit.CheckpointError as e:
+            if keys is not None and 0 <= failed.value < n:
+                e.args = (f"key {keys[failed.value]!r}: {e.args[0]}",) + e.args[1:]
+                e.message = e.args[0]
+            raise
+        return list(crcs) if check else None
 
     def object_url(self, key=""):
         """The redacted URL of an object of the checkpoint."""
@@ -957,12 +1121,20 @@ class Checkpoint(_lib.Closing):
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_load", self._h, json.dumps(spec).encode(), arr, n, ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        return json.loads(_lib.take_string(out.value))
+
+    def _handle(self):
+        h = self._h
+        if not h:
+            raise ckptkit.UsageError(f"checkpoint {self.url} is closed")
+        return h
 
     def close(self):
-        """Release the checkpoint (idempotent)."""
-        if self._h.value:
-            h, self._h = self._h, ctypes.c_size_t(0)
-            self._store._h = ctypes.c_size_t(0)
+        """Release the checkpoint (idempotent, thread-safe): waits for the
+        calls in flight on it; later calls raise UsageError."""
+        with self._close_lock:
+            h, self._h = self._h, 0
+        if h:
+            self._store._h = 0
             _lib.call("ckpt_checkpoint_close", h)

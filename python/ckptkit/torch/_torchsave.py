@@ -4,7 +4,13 @@
   the archive's bytes (no copy), found through the zip central directory
   and a restricted reading of ``data.pkl`` that only knows
   ``torch._utils._rebuild_tensor_v2`` and the storage classes. Anything
-else returns None, and the caller falls back to ``torch.load``.
+  else returns None, and the caller falls back to ``torch.load``.
+
+``locate_storage`` / ``Located.confirm``: where the tensor's storage bytes
+  lie inside an archive, from its first bytes alone (the local file headers
+  up to the storage record), so a reader can read them straight into the
+  target tensor; ``confirm`` then checks the bytes around them (the head
+  again and the central directory at the end) once they are read.
 """
 
 import collections
@@ -62,9 +68,11 @@ class _Unpickler(pickle.Unpickler):
         return (str(pid[2]), pid[1].dtype)
 
 
-def _entries(mv):
+def _entries(mv, base=0):
     """{name: (local header offset, size, method)} from the central directory,
-    or None for anything unusual (zip64 sizes, comments, ...)."""
+    or None for anything unusual (zip64 sizes, comments, ...). mv holds the
+    archive's bytes from offset base to its end (base > 0: its tail only,
+    which must hold the whole central directory)."""
     n = len(mv)
     if n < 22:
         return None
@@ -77,9 +85,9 @@ def _entries(mv):
     cd_size, cd_off = struct.unpack_from("<II", eocd, 12)
     if cd_off == 0xFFFFFFFF or count == 0xFFFF:
         return None
-    if cd_off + cd_size > n:
+    if cd_off < base or cd_off + cd_size > base + n:
         return None
-    cd = bytes(mv[cd_off : cd_off + cd_size])
+    cd = bytes(mv[cd_off - base : cd_off - base + cd_size])
     out = {}
     p = 0
     for _ in range(count):
@@ -138,3 +146,155 @@ def view_tensor(mv):
         return torch.as_strided(flat, r.size, r.stride, r.offset)
     except (pickle.UnpicklingError, struct.error, ValueError, RuntimeError, EOFError, KeyError, TypeError):
         return None
+
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a zip local file header (30 bytes)
+
+
+class Located:
+    """Where a torch.save archive keeps its one tensor's storage: the bytes
+    [start, end) of the archive, of dtype, holding the tensor of size
+    row-major from element 0. head is the archive's bytes before start."""
+
+    __slots__ = ("start", "end", "dtype", "size", "head", "_pkl", "_storage")
+
+    def confirm(self, head, tail, total):
+        """Whether an archive of total bytes whose first bytes are head and
+        whose bytes from end on are tail is the archive this was located in:
+        the same head, and a central directory (in tail) that names the same
+        data.pkl and storage records, the storage record holding exactly
+        [start, end), and little-endian byte order."""
+        try:
+            if bytes(head) != self.head:
+                return False
+            ents = _entries(tail, self.end)
+            if not ents:
+                return False
+            pkls = [k for k in ents if k.endswith("/data.pkl")]
+            if pkls != [self._pkl[0]] or ents[self._pkl[0]] != self._pkl[1]:
+                return False
+            if ents.get(self._storage[0]) != self._storage[1]:
+                return False
+            bo = ents.get(self._pkl[0][: -len("data.pkl")] + "byteorder")
+            if bo is not None:
+                loff, size, method = bo
+                if method != 0:
+                    return False
+                # The record lies wholly in the head or wholly in the tail.
+                if loff + 30 <= self.start:
+                    src, base = head, 0
+                elif loff >= self.end:
+                    src, base = tail, self.end
+                else:
+                    return False
+                val = _data_at(src, base, loff, size)
+                if val is None or bytes(val) != b"little":
+                    return False
+            return True
+        except (struct.error, ValueError, IndexError):
+            return False
+
+
+def _data_at(mv, base, loff, size):
+    """A stored zip record's bytes: its local header at archive offset loff,
+    mv holding the archive from offset base."""
+    p = loff - base
+    if p < 0 or p + 30 > len(mv) or bytes(mv[p : p + 4]) != b"PK\x03\x04":
+        return None
+    nlen, elen = struct.unpack_from("<HH", mv, p + 26)
+    start = p + 30 + nlen + elen
+    if start + size > len(mv):
+        return None
+    return mv[start : start + size]
+
+
+def _contiguous(size, stride):
+    want = 1
+    for d in range(len(size) - 1, -1, -1):
+        if size[d] != 1 and stride[d] != want:
+            return False
+        want *= size[d]
+    return True
+
+
+def locate_storage(head):
+    """A Located for the torch.save archive whose first bytes are head (a
+    buffer), or None. The archive must start with its data.pkl record, a
+    one-tensor pickle the restricted unpickler reads (contiguous, from
+    element 0 of its storage, which it fills exactly), followed by stored
+    records up to the storage's, all within head. torch writes each record
+    with a data descriptor after its bytes (sizes 0 in the local header):
+    data.pkl ends where its pickle stops, the small records where their
+    descriptor says, the storage after the bytes its pickle declares.
+    Anything else (zip64, compression, another order) is None and the
+    caller reads the item as a whole."""
+    try:
+        hb = bytes(memoryview(head).cast("B"))
+        p = 0
+        pkl = r = top = None
+        byteorder = None
+        while p + 30 <= len(hb):
+            sig, _, flags, method, _, _, _, csize, usize, nlen, elen = _LOCAL.unpack_from(hb, p)
+            if sig != b"PK\x03\x04" or method != 0 or csize != usize or usize == 0xFFFFFFFF:
+                return None
+            desc = bool(flags & 0x08)
+            name = hb[p + 30 : p + 30 + nlen].decode("utf-8", "replace")
+            start = p + 30 + nlen + elen
+            if pkl is None:
+                if not name.endswith("/data.pkl"):
+                    return None
+                top = name[: -len("data.pkl")]
+                bio = io.BytesIO(hb[start:] if desc else hb[start : start + usize])
+                r = _Unpickler(bio).load()
+                size = bio.tell()
+                if not isinstance(r, _Rebuilt) or r.offset != 0 or not _contiguous(r.size, r.stride):
+                    return None
+                pkl = (name, (p, size, 0))
+            elif name == f"{top}data/{r.key}":
+                numel = 1
+                for d in r.size:
+                    numel *= d
+                size = numel * torch.empty((), dtype=r.dtype).element_size()
+                if size == 0 or (not desc and usize != size) or byteorder not in (None, b"little"):
+                    return None
+                loc = Located()
+                loc.start, loc.end, loc.dtype, loc.size = start, start + size, r.dtype, r.size
+                loc.head = hb[:start]
+                loc._pkl, loc._storage = pkl, (name, (p, size, 0))
+                return loc
+            elif name.endswith("/data.pkl") or name.startswith(f"{top}data/"):
+                return None  # a second pickle, or another storage first
+            elif desc:
+                size = _described_size(hb, start)
+                if size is None:
+                    return None
+            else:
+                size = usize
+            end = start + size
+            if end > len(hb):
+                return None
+            if name == f"{top}byteorder":
+                byteorder = hb[start:end]
+            if desc:
+                if hb[end : end + 4] != b"PK\x07\x08" or struct.unpack_from("<II", hb, end + 8) != (size, size):
+                    return None
+                end += 16
+            p = end
+        return None
+    except (pickle.UnpicklingError, struct.error, ValueError, RuntimeError, EOFError, KeyError, TypeError,
+            AttributeError, IndexError):
+        return None
+
+
+def _described_size(hb, start, limit=4096):
+    """The size of a small record starting at start and followed by a data
+    descriptor (the first descriptor signature whose sizes equal its
+    distance from start), or None."""
+    at = start
+    while True:
+        at = hb.find(b"PK\x07\x08", at, start + limit)
+        if at < 0 or at + 16 > len(hb):
+            return None
+        if struct.unpack_from("<II", hb, at + 8) == (at - start, at - start):
+            return at - start
+        at += 1
