@@ -306,6 +306,9 @@ func (t *Tiered) ResumeTiered(ctx context.Context, opts ResumeOptions) (*TierRes
 	}
 	var info tierInfo
 	entries, err := catalog.List(ctx, t.Local.Store())
+	if ckpterr.ClassOf(err) == ckpterr.NotFound {
+		err = nil // a lost node: its local tier is gone
+	}
 	if err == nil {
 		for i := len(entries) - 1; i >= 0; i-- {
 			if entries[i].Committed {
