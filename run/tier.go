@@ -200,13 +200,15 @@ type Stats struct {
 	// Superseded counts queued steps a newer one replaced before their
 	// persist started.
 	Superseded int
+	// InFlight is the step being persisted (-1: none).
+	InFlight int64
 }
 
 // Stats returns the persist figures so far.
 func (t *Tiered) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return Stats{Persists: append([]Persist(nil), t.all...), Superseded: t.superseded}
+	return Stats{Persists: append([]Persist(nil), t.all...), Superseded: t.superseded, InFlight: t.inflight}
 }
 
 // Close waits for the persist in flight (and the queued one) for at most

@@ -34,6 +34,10 @@ type trainFlags struct {
 	stateSize    string
 	stagingBytes string
 	preemptGrace time.Duration
+	// The local tier (--local; tier.go).
+	local        string
+	persistEvery int64
+	localKeep    int
 }
 
 // trainResult is the final JSON object of `ckpt train --json`.
@@ -64,6 +68,11 @@ type trainResult struct {
 	StagingPeakBytes int64     `json:"staging_peak_bytes"`
 	StateBytes       int64     `json:"state_bytes"`
 	Preempted        string    `json:"preempted,omitempty"`
+	// Tier is the tier --resume took with --local ("local", "durable"),
+	// TierWhy why; Persist the persists to RUN_URL (--local only).
+	Tier    string         `json:"tier,omitempty"`
+	TierWhy string         `json:"tier_why,omitempty"`
+	Persist *persistReport `json:"persist,omitempty"`
 	// Note says why nothing was trained (a --resume at or past --steps).
 	Note string `json:"note,omitempty"`
 }
@@ -131,6 +140,9 @@ Progress (steps done / total, rate, ETA) is shown on a terminal.`,
 	fl.Lookup("async").NoOptDefVal = asyncOverlap
 	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter; "+bytesize.Rule)
 	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once; "+bytesize.Rule)
+	fl.StringVar(&f.local, "local", "", "node-local tier (e.g. /dev/shm/run): every save commits there and every --persist-every-th step is copied to RUN_URL in the background; --resume takes the nearest valid tier")
+	fl.Int64Var(&f.persistEvery, "persist-every", 0, "with --local: persist the saved steps that are a multiple of M to RUN_URL (0: every save)")
+	fl.IntVar(&f.localKeep, "local-keep", 2, "with --local: committed steps kept in the local tier (never the newest, nor one being persisted)")
 	fl.DurationVar(&f.preemptGrace, "preempt-grace", 30*time.Second, "on SIGTERM/SIGINT, how long the in-flight save may take to commit")
 	return cmd
 }
@@ -162,6 +174,14 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		return err
 	}
 	defer store.Close()
+	tiered, saveTo, err := openTiers(ctx, store, f)
+	if err != nil {
+		return err
+	}
+	if tiered != nil {
+		defer saveTo.Close()
+		defer tiered.Close(f.preemptGrace)
+	}
 	if !f.resume && !f.force {
 		if err := refuseFreshTrainInto(ctx, store); err != nil {
 			return err
@@ -178,7 +198,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.resume {
 		withOptim := !f.noLoadOptim
 		var targets []*statedict.StateDict
-		resumed, err := resumeRun(ctx, store, f, logf, ckrun.Into(func() []*statedict.StateDict {
+		resumed, err := resumeRun(ctx, store, tiered, f, logf, ckrun.Into(func() []*statedict.StateDict {
 			targets = tr.LoadTargets(f.ranks, withOptim)
 			return targets
 		}, loader.Options{NoLoadOptimizer: f.noLoadOptim}))
@@ -194,6 +214,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			}
 			step := rep.Iteration
 			res.ResumedFrom, res.ResumedURL = &step, c.URL()
+			res.Tier, res.TierWhy = resumed.Tier, resumed.Why
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
 			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
@@ -203,7 +224,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 	}
 
-	ckp, err := newCheckpointer(store, f, stagingBytes, func(step int64) saver.Options {
+	ckp, err := newCheckpointer(saveTo, tiered, f, stagingBytes, func(step int64) saver.Options {
 		return saver.Options{Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true, Params: tr.Trainable()}
 	}, logf)
 	if err != nil {
@@ -219,6 +240,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res.FinalWaitSeconds = ckp.finalWait.Seconds()
 	res.StepTimes = ckp.steps.summary()
 	res.StagingPeakBytes = ckp.stagingPeak()
+	res.Persist = ckp.persistReport()
 	// A preempted run still reports (its error, printed by run, says where
 	// the current step was saved).
 	var pe *preemptedError
@@ -226,6 +248,10 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		res.Preempted = signalName(pe.sig)
 	} else if loopErr != nil {
 		return loopErr
+	}
+	if loopErr == nil && res.Persist != nil && res.Persist.Failed > 0 {
+		// Reported in --json and on stderr, and the exit status.
+		loopErr = fmt.Errorf("%d persist(s) to %s failed; the local tier %s holds the steps: %s", res.Persist.Failed, store, f.local, res.Persist.Failures[len(res.Persist.Failures)-1])
 	}
 	res.Step = tr.Iteration()
 	if res.Loss == 0 {
