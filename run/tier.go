@@ -295,8 +295,9 @@ type tierLoad struct {
 // fails on is skipped by all (the next older one is tried); otherwise every
 // rank resumes from the durable run (Run.Resume, its fallback and rank
 // agreement). With opts.Coordinator all ranks take the same step from the
-// same tier. A local copy that fails for a reason other than damage or a
-// bad or missing checkpoint is the error.
+// same tier. A local copy that does not open or verify, or whose data
+// turns out damaged (DataDamaged), is passed over; any other failure (a
+// load rule's refusal, storage refusing to read) is the error.
 func (t *Tiered) ResumeTiered(ctx context.Context, opts ResumeOptions) (*TierResumed, error) {
 	if opts.Load == nil {
 		return nil, fmt.Errorf("resume %s: %w: no Load function", t.Durable, ErrInvalidArgument)
@@ -364,17 +365,18 @@ func (t *Tiered) ResumeTiered(ctx context.Context, opts ResumeOptions) (*TierRes
 		var l tierLoad
 		var res *Resumed
 		found, err := t.Local.found(ctx, name, step)
+		skippable := err != nil && openSkippable(err)
 		if err == nil {
 			r, lerr := opts.Load(ctx, found.Checkpoint)
 			if lerr == nil {
 				l.OK = true
 				res = &Resumed{Checkpoint: found.Checkpoint, Entry: found.Entry, Report: r}
 			}
-			err = lerr
+			err, skippable = lerr, DataDamaged(lerr)
 		}
 		if err != nil {
 			l.Reason = err.Error()
-			if !tierSkippable(err) {
+			if !skippable {
 				l.Err = coordinator.ToRemote(err)
 			}
 		}
@@ -425,10 +427,10 @@ func (t *Tiered) ResumeTiered(ctx context.Context, opts ResumeOptions) (*TierRes
 	return tr, nil
 }
 
-// tierSkippable tells a local copy to pass over (damaged data, a bad,
-// missing or uncommitted checkpoint) from a failure that is the resume's
-// error.
-func tierSkippable(err error) bool {
+// openSkippable tells a local copy that does not open or verify (a bad,
+// missing or uncommitted checkpoint: passed over) from a failure to read
+// it at all, which is the resume's error.
+func openSkippable(err error) bool {
 	switch ckpterr.ClassOf(err) {
 	case ckpterr.BadCheckpoint, ckpterr.NotFound:
 		return true

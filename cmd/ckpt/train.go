@@ -80,7 +80,7 @@ type trainResult struct {
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async[=blocking]] [--state-size SIZE]",
+		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async[=blocking]] [--state-size SIZE] [--local LOCAL [--persist-every M] [--local-keep N]]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -105,6 +105,17 @@ commit (for at most --preempt-grace), the current step is saved
 synchronously, its URL is printed and ckpt exits 143 (SIGTERM) or 130
 (SIGINT). A second signal aborts at once; nothing half-written is ever
 committed.
+
+--local LOCAL adds a node-local tier: every save commits to LOCAL, and every
+saved step that is a multiple of --persist-every (0: every save) is copied to
+RUN_URL in the background (CRC-checked, metadata last, one copy in flight, a
+newer step superseding a queued one); LOCAL keeps --local-keep steps. The run
+waits for the in-flight copy at its end and on a signal (bounded by
+--preempt-grace); a failed copy is said, counted in --json ("persist") and
+fails the run. --resume with --local takes the nearest valid tier: the newest
+local step when it verifies and loads and is at least as new as RUN_URL's
+newest, else RUN_URL; --json says which ("tier", "tier_why"). See
+docs/TIERS.md.
 
 RUN_URL defaults to ./runs/demo (--url is an alias of the argument). A run
 that already holds checkpoints is refused (exit 6, conflict) unless
