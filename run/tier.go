@@ -212,17 +212,24 @@ func (t *Tiered) Stats() Stats {
 }
 
 // Close waits for the persist in flight (and the queued one) for at most
-// grace, then cancels what is left (a cancelled copy removes what it wrote,
-// its metadata never written) and waits for it to stop. It returns the
-// failures of the persists that ended since the last report, and the
-// grace's expiry.
+// grace (<= 0: not at all), then cancels what is left (a cancelled copy
+// removes what it wrote, its metadata never written) and waits for it to
+// stop. It returns the failures of the persists that ended since the last
+// report, and the grace's expiry.
 func (t *Tiered) Close(grace time.Duration) error {
-	ended, err := t.Wait(context.Background(), grace)
+	var err error
+	if grace > 0 {
+		_, err = t.Wait(context.Background(), grace)
+	}
 	t.cancel()
 	t.mu.Lock()
 	idle := t.idle
 	t.mu.Unlock()
 	<-idle
+	t.mu.Lock()
+	ended := t.ended
+	t.ended = nil
+	t.mu.Unlock()
 	errs := []error{err}
 	for _, p := range ended {
 		errs = append(errs, p.Err)

@@ -191,7 +191,9 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	}
 	if tiered != nil {
 		defer saveTo.Close()
-		defer tiered.Close(f.preemptGrace)
+		// The end and the preemption paths waited for the persist, bounded
+		// by --preempt-grace; what is left (an abort) is cancelled.
+		defer tiered.Close(0)
 	}
 	if !f.resume && !f.force {
 		if err := refuseFreshTrainInto(ctx, store); err != nil {

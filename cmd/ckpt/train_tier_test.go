@@ -101,6 +101,24 @@ func TestTrainLocalTierSurvivesSIGKILL(t *testing.T) {
 	require.Equal(t, []int64{4, 8}, fig.Persist.Persisted)
 	require.Zero(t, fig.Persist.Failed)
 	require.Equal(t, int64(-1), fig.Persist.InFlight, "the run waited for its last persist")
+	// ls and latest show both tiers.
+	code, out, errs = ckpt(t, "ls", "--json", filepath.Join(dir, "fig"), "--local", filepath.Join(dir, "fig-local"))
+	require.Equal(t, 0, code, errs)
+	validDocument(t, out)
+	var ls lsOutput
+	require.NoError(t, json.Unmarshal([]byte(out), &ls))
+	require.Len(t, ls.Checkpoints, 2, "durable: steps 4 and 8")
+	require.Equal(t, []int64{6, 8}, []int64{ls.Local.Checkpoints[0].Step, ls.Local.Checkpoints[1].Step}, "local keeps 2")
+	code, out, errs = ckpt(t, "latest", "--json", filepath.Join(dir, "fig"), "--local", filepath.Join(dir, "fig-local"))
+	require.Equal(t, 0, code, errs)
+	validDocument(t, out)
+	var lt latestOutput
+	require.NoError(t, json.Unmarshal([]byte(out), &lt))
+	require.Equal(t, "local", lt.Nearest)
+	require.Equal(t, int64(8), lt.Local.Checkpoint.Step)
+	code, out, errs = ckpt(t, "latest", filepath.Join(dir, "fig"), "--local", filepath.Join(dir, "gone"))
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, "nearest: durable")
 
 	res := resume(copyLocal("intact"))
 	require.Equal(t, "local", res.Tier, res.TierWhy)
