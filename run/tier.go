@@ -37,11 +37,19 @@ type TierOptions struct {
 	// replaces a step a previous attempt of the run left in the durable
 	// run).
 	Transfer transfer.Options
+	// Retry: a persist whose copy fails transiently (backend.IsTransient)
+	// is copied again, up to Retry.Attempts copies in all, with
+	// backend.Backoff between them (zero: backend.DefaultRetryPolicy). The
+	// Store retries each request it can replay; a streamed upload it
+	// cannot is retried this way, as a whole copy.
+	Retry backend.RetryPolicy
 }
 
 // Persist is the outcome of one persist of a local step to the durable run.
 type Persist struct {
 	Step int64
+	// Retries counts the copies started again after a transient failure.
+	Retries int
 	// Result is the copy's result (nil when it failed).
 	Result *transfer.Result
 	// Err is why it failed (nil when the step is committed in the durable
@@ -151,15 +159,35 @@ func (t *Tiered) persist(step int64) Persist {
 	if err == nil {
 		var dst *backend.Store
 		if dst, err = t.Durable.Step(step); err == nil {
-			o := t.opts.Transfer
-			o.Force = true
-			p.Result, err = transfer.Copy(t.ctx, src, dst, o)
+			p.Result, err = t.copyRetrying(src, dst, &p.Retries)
 		}
 	}
 	if err != nil {
 		p.Err = fmt.Errorf("persist step %d to %s: %w", step, t.Durable, err)
 	}
 	return p
+}
+
+// copyRetrying copies src to dst, again after a transient failure (the
+// Retry policy), counting the retries in retries.
+func (t *Tiered) copyRetrying(src, dst *backend.Store, retries *int) (*transfer.Result, error) {
+	pol := t.opts.Retry
+	if pol.Attempts < 1 {
+		pol = backend.DefaultRetryPolicy
+	}
+	o := t.opts.Transfer
+	o.Force = true
+	bo := backend.Backoff{Base: pol.BaseDelay, Max: pol.MaxDelay}
+	for {
+		res, err := transfer.Copy(t.ctx, src, dst, o)
+		if err == nil || !backend.IsTransient(err) || *retries+1 >= pol.Attempts || t.ctx.Err() != nil {
+			return res, err
+		}
+		*retries++
+		if werr := bo.Wait(t.ctx); werr != nil {
+			return nil, fmt.Errorf("%w (while retrying: %w)", werr, err)
+		}
+	}
 }
 
 // Wait waits, for at most grace (0: no bound), until no persist is in
@@ -217,9 +245,10 @@ func (t *Tiered) Stats() Stats {
 // stop. It returns the failures of the persists that ended since the last
 // report, and the grace's expiry.
 func (t *Tiered) Close(grace time.Duration) error {
+	var ended []Persist
 	var err error
 	if grace > 0 {
-		_, err = t.Wait(context.Background(), grace)
+		ended, err = t.Wait(context.Background(), grace)
 	}
 	t.cancel()
 	t.mu.Lock()
@@ -227,7 +256,7 @@ func (t *Tiered) Close(grace time.Duration) error {
 	t.mu.Unlock()
 	<-idle
 	t.mu.Lock()
-	ended := t.ended
+	ended = append(ended, t.ended...)
 	t.ended = nil
 	t.mu.Unlock()
 	errs := []error{err}

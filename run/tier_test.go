@@ -3,6 +3,7 @@ package run_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/faultproxy"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"
@@ -239,4 +241,42 @@ func TestTieredRanksAgreeOnTheTier(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With the durable S3 run slow (the proxy holds back the answers to step
+// 1's uploads) and its first upload failing once: step 1's persist is in
+// flight (copied again), step 2 is queued, step 3
+// supersedes step 2, never step 1; Wait is bounded by its grace; Close
+// waits for both persists.
+func TestTieredPersistsOneAtATime(t *testing.T) {
+	ctx := context.Background()
+	durable, proxy := ckpttest.ProxiedS3(t, backend.RetryPolicy{Attempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
+	step1 := func(r *http.Request) bool {
+		return r.Method == http.MethodPut && strings.Contains(r.URL.Path, catalog.StepName(1)+"/")
+	}
+	failOnce := proxy.Add(&faultproxy.Rule{Match: step1, Fail: func(n int) bool { return n == 0 }, Status: http.StatusServiceUnavailable, Body: "<Error><Code>SlowDown</Code></Error>"})
+	proxy.Add(&faultproxy.Rule{Match: step1, Fail: func(int) bool { return false }, Delay: 300 * time.Millisecond})
+	local := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	tr := run.NewTiered(run.New(local), run.New(durable), run.TierOptions{LocalKeep: 5, Retry: backend.RetryPolicy{Attempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	s := ckpttest.NewState(1, 4)
+	for step := int64(1); step <= 3; step++ {
+		_, ended, err := tr.SaveLocal(ctx, step, s.Shard(1), saver.Options{})
+		require.NoError(t, err)
+		require.Empty(t, ended, "step 1's persist is still in flight")
+	}
+	_, err := tr.Wait(ctx, 10*time.Millisecond)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "persist of step 1")
+	require.NoError(t, tr.Close(time.Minute))
+	st := tr.Stats()
+	require.Len(t, st.Persists, 2)
+	for _, p := range st.Persists {
+		require.NoError(t, p.Err)
+	}
+	assert.Equal(t, int64(1), st.Persists[0].Step)
+	assert.Equal(t, int64(3), st.Persists[1].Step, "step 3 superseded the queued step 2")
+	assert.Equal(t, 1, st.Superseded)
+	assert.Equal(t, 1, proxy.Failed(failOnce))
+	assert.Equal(t, 1, st.Persists[0].Retries, "the failed copy was started again")
+	assert.Equal(t, []int64{1, 3}, committedSteps(t, durable))
 }
