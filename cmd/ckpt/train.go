@@ -264,7 +264,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	}
 	if loopErr == nil && res.Persist != nil && res.Persist.Failed > 0 {
 		// Reported in --json and on stderr, and the exit status.
-		loopErr = fmt.Errorf("%d persist(s) to %s failed; the local tier %s holds the steps: %s", res.Persist.Failed, store, f.local, res.Persist.Failures[len(res.Persist.Failures)-1])
+		loopErr = fmt.Errorf("%d persist(s) to %s failed; the local tier %s holds the steps; the last: %w", res.Persist.Failed, store, f.local, ckp.lastPersistErr())
 	}
 	res.Step = tr.Iteration()
 	if res.Loss == 0 {

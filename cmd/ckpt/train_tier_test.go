@@ -146,3 +146,24 @@ func TestTrainLocalTierSurvivesSIGKILL(t *testing.T) {
 		require.Equal(t, newestDurable, *res.ResumedFrom)
 	}
 }
+
+// A persist that fails is said: the run reports it in --json ("persist"),
+// its error is the document's, and the exit status is not 0; the local
+// tier holds every step.
+func TestTrainLocalTierReportsAFailedPersist(t *testing.T) {
+	dir := t.TempDir()
+	durable := filepath.Join(dir, "durable")
+	require.NoError(t, os.MkdirAll(durable, 0o755))
+	// A file where step 4's prefix goes: its persist fails.
+	require.NoError(t, os.WriteFile(filepath.Join(durable, catalog.StepName(4)), []byte("x"), 0o644))
+	code, out, errs := ckpt(t, "train", "--json", durable, "--local", filepath.Join(dir, "local"), "--save-every", "2", "--persist-every", "4", "--steps", "8")
+	require.NotEqual(t, 0, code, errs)
+	d := validDocument(t, out)
+	require.Contains(t, d.Error.Message, "1 persist(s)")
+	var res trainResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, 1, res.Persist.Failed)
+	require.Contains(t, res.Persist.Failures[0], "persist step 4")
+	require.Equal(t, []int64{8}, res.Persist.Persisted)
+	require.Equal(t, []int64{6, 8}, tierSteps(t, "file://"+filepath.Join(dir, "local")))
+}

@@ -92,3 +92,14 @@ func (c *checkpointer) persistReport() *persistReport {
 	r.InFlight = st.InFlight
 	return r
 }
+
+// lastPersistErr is the newest failed persist's error (nil: none failed).
+func (c *checkpointer) lastPersistErr() error {
+	var err error
+	for _, p := range c.tiered.Stats().Persists {
+		if p.Err != nil {
+			err = p.Err
+		}
+	}
+	return err
+}
