@@ -313,7 +313,7 @@ type TierResumed struct {
 // tierInfo is one rank's local tier, gathered from every rank.
 type tierInfo struct {
 	Local   []int64 // committed local steps, newest first
-	Durable int64   // rank 0: the durable run's newest committed step, -1: none
+	Durable int64   // rank 0: the durable run's newest valid step (Latest), -1: none
 	Err     *coordinator.RemoteError
 }
 
@@ -326,7 +326,8 @@ type tierLoad struct {
 
 // ResumeTiered resumes from the nearest valid copy: the newest step that
 // every rank holds committed in its local tier, when it is at least as new
-// as the durable run's newest committed step and every rank's local copy
+// as the durable run's newest valid step (Latest: committed, metadata
+// verified) and every rank's local copy
 // opens, verifies and loads (every byte CRC-checked); a local step any rank
 // fails on is skipped by all (the next older one is tried); otherwise every
 // rank resumes from the durable run (Run.Resume, its fallback and rank
@@ -357,13 +358,13 @@ func (t *Tiered) ResumeTiered(ctx context.Context, opts ResumeOptions) (*TierRes
 	}
 	info.Durable = -1
 	if err == nil && rank == 0 {
-		var des []catalog.Entry
-		if des, err = catalog.List(ctx, t.Durable.Store()); err == nil {
-			for _, e := range des {
-				if e.Committed {
-					info.Durable = e.Step
-				}
-			}
+		found, _, lerr := t.Durable.Latest(ctx, LatestOptions{})
+		var refused *RefusedError
+		switch {
+		case found != nil:
+			info.Durable = found.Step
+		case lerr != nil && !errors.As(lerr, &refused) && ckpterr.ClassOf(lerr) != ckpterr.NotFound:
+			err = lerr // none valid, or nothing stored: local copies may still do
 		}
 	}
 	info.Err = coordinator.ToRemote(err)

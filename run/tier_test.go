@@ -280,3 +280,35 @@ func TestTieredPersistsOneAtATime(t *testing.T) {
 	assert.Equal(t, 1, st.Persists[0].Retries, "the failed copy was started again")
 	assert.Equal(t, []int64{1, 3}, committedSteps(t, durable))
 }
+
+// Local copies rescue a run whose durable checkpoints are all invalid; a
+// damaged local copy with nothing committed in the durable run is refused,
+// never a silent fresh start.
+func TestTieredLocalRescuesAndNeverRestartsSilently(t *testing.T) {
+	ctx := context.Background()
+	durable := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	local := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	states := saveSteps(t, durable, 1, 4)
+	require.NoError(t, durable.PutBytes(ctx, catalog.StepName(4)+"/ckptkit.metadata.json", []byte("{not json"), backend.PutOptions{}))
+	_, err := run.New(local).SaveLocal(ctx, 2, ckpttest.NewState(2, 6).Shard(1), saver.Options{})
+	require.NoError(t, err)
+	states[2] = ckpttest.NewState(2, 6)
+	tr := run.NewTiered(run.New(local), run.New(durable), run.TierOptions{})
+	defer tr.Close(0)
+	var got []*statedict.StateDict
+	var calls atomic.Int32
+	res, err := tr.ResumeTiered(ctx, run.ResumeOptions{Load: loadInto(states[2], 0, 1, &got, &calls)})
+	require.NoError(t, err)
+	assert.Equal(t, run.TierLocal, res.Tier, res.Why)
+	assert.Equal(t, int64(2), res.Entry.Step)
+	requireShard(t, states[2], 0, 1, got)
+
+	empty := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	s2, err := run.New(local).Step(2)
+	require.NoError(t, err)
+	cutData(t, s2, 0)
+	tr2 := run.NewTiered(run.New(local), run.New(empty), run.TierOptions{})
+	defer tr2.Close(0)
+	_, err = tr2.ResumeTiered(ctx, run.ResumeOptions{AllowFresh: true, Load: loadInto(states[2], 0, 1, &got, &calls)})
+	require.ErrorIs(t, err, run.ErrNoValidCheckpoint)
+}
