@@ -50,6 +50,14 @@ type lsOutput struct {
 	// files of killed writers on a file system), absent where the
 	// backend cannot list them.
 	Uploads *uploadsJSON `json:"incomplete_uploads,omitempty"`
+	// Local is the local tier's listing (--local).
+	Local *lsTier `json:"local,omitempty"`
+}
+
+// lsTier is a local tier in ls --json.
+type lsTier struct {
+	URL         string           `json:"url"`
+	Checkpoints []checkpointJSON `json:"checkpoints"`
 }
 
 type uploadsJSON struct {
@@ -74,6 +82,7 @@ func countUploads(cmd *cobra.Command, run *backend.Store) (*uploadsJSON, error) 
 
 func newLsCmd() *cobra.Command {
 	var asJSON bool
+	var localURL string
 	cmd := &cobra.Command{
 		Use:   "ls RUN_URL",
 		Short: "List every checkpoint under a run: step, committed or not, size, age",
@@ -84,8 +93,10 @@ ckptkit did not write (gc never deletes such prefixes). A checkpoint storage
 refuses to read (a directory this user may not read) is listed as
 unreadable with the reason. The count and size of incomplete uploads under
 the run follow (temporary files or parts of killed saves: gc removes them).
-A RUN_URL under which nothing is stored exits 3 ("no such path").`,
+A RUN_URL under which nothing is stored exits 3 ("no such path").
+--local LOCAL lists the run's local tier (ckpt train --local) after it.`,
 		Example: `  ckpt ls ./runs/demo
+  ckpt ls s3://bucket/runs/demo --local /dev/shm/demo
   ckpt ls s3://bucket/runs/demo --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -108,15 +119,33 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 					return err
 				}
 			}
+			var local *backend.Store
+			var les []catalog.Entry
+			if localURL != "" {
+				if local, err = openStore(ctx, localURL); err != nil {
+					return err
+				}
+				defer local.Close()
+				if les, err = catalog.ListDetailed(ctx, local); err != nil {
+					return err
+				}
+			}
 			if asJSON {
-				out := &lsOutput{URL: run.String(), Checkpoints: []checkpointJSON{}, Uploads: ups}
-				for _, e := range es {
-					out.Checkpoints = append(out.Checkpoints, entryJSON(e))
+				out := &lsOutput{URL: run.String(), Checkpoints: entriesJSON(es), Uploads: ups}
+				if local != nil {
+					out.Local = &lsTier{URL: local.String(), Checkpoints: entriesJSON(les)}
 				}
 				emit(cmd, out)
 				return nil
 			}
+			if local != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "durable tier %s:\n", safe(run.String()))
+			}
 			printLs(cmd.OutOrStdout(), run.String(), es, time.Now())
+			if local != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "local tier %s:\n", safe(local.String()))
+				printLs(cmd.OutOrStdout(), local.String(), les, time.Now())
+			}
 			if ups != nil && ups.Count > 0 {
 				size := humanBytes(ups.Bytes)
 				if ups.Bytes == 0 {
@@ -128,7 +157,16 @@ A RUN_URL under which nothing is stored exits 3 ("no such path").`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, jsonHelp)
+	cmd.Flags().StringVar(&localURL, "local", "", "also list the run's local tier (ckpt train --local; docs/TIERS.md)")
 	return cmd
+}
+
+func entriesJSON(es []catalog.Entry) []checkpointJSON {
+	out := []checkpointJSON{}
+	for _, e := range es {
+		out = append(out, entryJSON(e))
+	}
+	return out
 }
 
 func printLs(w io.Writer, run string, es []catalog.Entry, now time.Time) {

@@ -34,6 +34,10 @@ type trainFlags struct {
 	stateSize    string
 	stagingBytes string
 	preemptGrace time.Duration
+	// The local tier (--local; tier.go).
+	local        string
+	persistEvery int64
+	localKeep    int
 }
 
 // trainResult is the final JSON object of `ckpt train --json`.
@@ -64,6 +68,11 @@ type trainResult struct {
 	StagingPeakBytes int64     `json:"staging_peak_bytes"`
 	StateBytes       int64     `json:"state_bytes"`
 	Preempted        string    `json:"preempted,omitempty"`
+	// Tier is the tier --resume took with --local ("local", "durable"),
+	// TierWhy why; Persist the persists to RUN_URL (--local only).
+	Tier    string         `json:"tier,omitempty"`
+	TierWhy string         `json:"tier_why,omitempty"`
+	Persist *persistReport `json:"persist,omitempty"`
 	// Note says why nothing was trained (a --resume at or past --steps).
 	Note string `json:"note,omitempty"`
 }
@@ -71,7 +80,7 @@ type trainResult struct {
 func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
-		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async[=blocking]] [--state-size SIZE]",
+		Use:   "train [RUN_URL] --steps N --save-every K [--ranks R] [--resume [--allow-fresh] | --force] [--async[=blocking]] [--state-size SIZE] [--local LOCAL [--persist-every M] [--local-keep N]]",
 		Short: "Train a small MLP with a mixture of experts, checkpointing every K steps under URL/step-NNNNNNNN/",
 		Long: `Train a small model in pure Go (an MLP with two experts; expert 1 gets no
 token before step 8, so early checkpoints have lazily-absent optimizer state),
@@ -96,6 +105,17 @@ commit (for at most --preempt-grace), the current step is saved
 synchronously, its URL is printed and ckpt exits 143 (SIGTERM) or 130
 (SIGINT). A second signal aborts at once; nothing half-written is ever
 committed.
+
+--local LOCAL adds a node-local tier: every save commits to LOCAL, and every
+saved step that is a multiple of --persist-every (0: every save) is copied to
+RUN_URL in the background (CRC-checked, metadata last, one copy in flight, a
+newer step superseding a queued one); LOCAL keeps --local-keep steps. The run
+waits for the in-flight copy at its end and on a signal (bounded by
+--preempt-grace); a failed copy is said, counted in --json ("persist") and
+fails the run. --resume with --local takes the nearest valid tier: the newest
+local step when it verifies and loads and is at least as new as RUN_URL's
+newest, else RUN_URL; --json says which ("tier", "tier_why"). See
+docs/TIERS.md.
 
 RUN_URL defaults to ./runs/demo (--url is an alias of the argument). A run
 that already holds checkpoints is refused (exit 6, conflict) unless
@@ -131,6 +151,9 @@ Progress (steps done / total, rate, ETA) is shown on a terminal.`,
 	fl.Lookup("async").NoOptDefVal = asyncOverlap
 	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter; "+bytesize.Rule)
 	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once; "+bytesize.Rule)
+	fl.StringVar(&f.local, "local", "", "node-local tier (e.g. /dev/shm/run): every save commits there and every --persist-every-th step is copied to RUN_URL in the background; --resume takes the nearest valid tier")
+	fl.Int64Var(&f.persistEvery, "persist-every", 0, "with --local: persist the saved steps that are a multiple of M to RUN_URL (0: every save)")
+	fl.IntVar(&f.localKeep, "local-keep", 2, "with --local: committed steps kept in the local tier (never the newest, nor one being persisted)")
 	fl.DurationVar(&f.preemptGrace, "preempt-grace", 30*time.Second, "on SIGTERM/SIGINT, how long the in-flight save may take to commit")
 	return cmd
 }
@@ -162,6 +185,16 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		return err
 	}
 	defer store.Close()
+	tiered, saveTo, err := openTiers(ctx, store, f)
+	if err != nil {
+		return err
+	}
+	if tiered != nil {
+		defer saveTo.Close()
+		// The end and the preemption paths waited for the persist, bounded
+		// by --preempt-grace; what is left (an abort) is cancelled.
+		defer tiered.Close(0)
+	}
 	if !f.resume && !f.force {
 		if err := refuseFreshTrainInto(ctx, store); err != nil {
 			return err
@@ -178,7 +211,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	if f.resume {
 		withOptim := !f.noLoadOptim
 		var targets []*statedict.StateDict
-		resumed, err := resumeRun(ctx, store, f, logf, ckrun.Into(func() []*statedict.StateDict {
+		resumed, err := resumeRun(ctx, store, tiered, f, logf, ckrun.Into(func() []*statedict.StateDict {
 			targets = tr.LoadTargets(f.ranks, withOptim)
 			return targets
 		}, loader.Options{NoLoadOptimizer: f.noLoadOptim}))
@@ -194,6 +227,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 			}
 			step := rep.Iteration
 			res.ResumedFrom, res.ResumedURL = &step, c.URL()
+			res.Tier, res.TierWhy = resumed.Tier, resumed.Why
 			res.PrunedOptimizerKeys = rep.LazyKeys
 			res.OptimizerLoaded = rep.OptimizerLoaded
 			logf("resumed from %s at step %d (%d lazily-absent optimizer keys left fresh)", c.URL(), step, rep.LazyKeys)
@@ -203,7 +237,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		}
 	}
 
-	ckp, err := newCheckpointer(store, f, stagingBytes, func(step int64) saver.Options {
+	ckp, err := newCheckpointer(saveTo, tiered, f, stagingBytes, func(step int64) saver.Options {
 		return saver.Options{Iteration: step, NoSaveOptimizer: f.noSaveOptim, Overwrite: true, Params: tr.Trainable()}
 	}, logf)
 	if err != nil {
@@ -219,6 +253,7 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 	res.FinalWaitSeconds = ckp.finalWait.Seconds()
 	res.StepTimes = ckp.steps.summary()
 	res.StagingPeakBytes = ckp.stagingPeak()
+	res.Persist = ckp.persistReport()
 	// A preempted run still reports (its error, printed by run, says where
 	// the current step was saved).
 	var pe *preemptedError
@@ -226,6 +261,10 @@ func runTrain(ctx context.Context, cmd *cobra.Command, f trainFlags) error {
 		res.Preempted = signalName(pe.sig)
 	} else if loopErr != nil {
 		return loopErr
+	}
+	if loopErr == nil && res.Persist != nil && res.Persist.Failed > 0 {
+		// Reported in --json and on stderr, and the exit status.
+		loopErr = fmt.Errorf("%d persist(s) to %s failed; the local tier %s holds the steps; the last: %w", res.Persist.Failed, store, f.local, ckp.lastPersistErr())
 	}
 	res.Step = tr.Iteration()
 	if res.Loss == 0 {

@@ -68,10 +68,22 @@ func resumedPastTarget(cmd *cobra.Command, f trainFlags, res *trainResult, tr *t
 // the newest valid checkpoint, falling back past damaged data, refusing when
 // committed checkpoints exist but none is valid), saying what it skipped
 // through logf. Nothing stored is a "no such path" unless --allow-fresh.
-func resumeRun(ctx context.Context, store *backend.Store, f trainFlags, logf func(string, ...any), load ckrun.LoadFunc) (*ckrun.Resumed, error) {
-	res, err := ckrun.New(store).Resume(ctx, ckrun.ResumeOptions{Load: load, AllowFresh: f.allowFresh, Logf: func(format string, a ...any) {
+// With --local (tiered non-nil) it takes the nearest valid tier
+// (run.Tiered.ResumeTiered) and says which.
+func resumeRun(ctx context.Context, store *backend.Store, tiered *ckrun.Tiered, f trainFlags, logf func(string, ...any), load ckrun.LoadFunc) (*ckrun.TierResumed, error) {
+	opts := ckrun.ResumeOptions{Load: load, AllowFresh: f.allowFresh, Logf: func(format string, a ...any) {
 		logf("%s", safe(fmt.Sprintf(format, a...)))
-	}})
+	}}
+	var res *ckrun.TierResumed
+	var err error
+	if tiered != nil {
+		res, err = tiered.ResumeTiered(ctx, opts)
+	} else {
+		var r *ckrun.Resumed
+		if r, err = ckrun.New(store).Resume(ctx, opts); err == nil {
+			res = &ckrun.TierResumed{Resumed: r}
+		}
+	}
 	switch {
 	case errors.Is(err, ckrun.ErrNothingStored):
 		return nil, fmt.Errorf("resume: %w; pass --allow-fresh to start a new run there", &pathError{url: store.String()})

@@ -24,7 +24,8 @@ const (
 // wall time, time the loop was blocked, the waits for staging and for the
 // last save, step times, staging peak.
 type checkpointer struct {
-	run     *backend.Store
+	run     *backend.Store // where saves commit: RUN_URL, or the --local tier
+	tiered  *ckrun.Tiered  // --local: persists to RUN_URL; nil without
 	f       trainFlags
 	async   *saver.Saver // nil: synchronous saves
 	logf    func(format string, a ...any)
@@ -43,8 +44,8 @@ type checkpointer struct {
 	checkpoints   []string
 }
 
-func newCheckpointer(run *backend.Store, f trainFlags, stagingBytes int64, options func(int64) saver.Options, logf func(string, ...any)) (*checkpointer, error) {
-	c := &checkpointer{run: run, f: f, logf: logf, options: options, lastCommitted: -1, checkpoints: []string{}}
+func newCheckpointer(run *backend.Store, tiered *ckrun.Tiered, f trainFlags, stagingBytes int64, options func(int64) saver.Options, logf func(string, ...any)) (*checkpointer, error) {
+	c := &checkpointer{run: run, tiered: tiered, f: f, logf: logf, options: options, lastCommitted: -1, checkpoints: []string{}}
 	if f.async {
 		s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: stagingBytes, Overlap: f.asyncMode == asyncOverlap})
 		if err != nil {
@@ -139,7 +140,7 @@ func (c *checkpointer) saveSync(ctx context.Context, tr *trainer.Trainer) error 
 		return err
 	}
 	c.saveTime += sr.Duration
-	c.committed(step, sr)
+	c.committed(ctx, step, sr)
 	c.logf("step %d loss %.6f lr %g: saved %s (%d bytes, %d objects, %s)", step, tr.Loss(), tr.LR(), sr.URL, sr.BytesWritten, len(sr.Metadata.Objects), sr.Duration.Round(time.Millisecond))
 	return nil
 }
@@ -174,14 +175,21 @@ func (c *checkpointer) collect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("async save of step %d: %w", step, err)
 	}
-	c.committed(step, sr)
+	c.committed(ctx, step, sr)
 	c.logf("step %d: committed %s (%d bytes, %d objects, %s)", step, sr.URL, sr.BytesWritten, len(sr.Metadata.Objects), h.Elapsed().Round(time.Millisecond))
 	return nil
 }
 
-func (c *checkpointer) committed(step int64, sr *saver.Result) {
+func (c *checkpointer) committed(ctx context.Context, step int64, sr *saver.Result) {
 	c.lastCommitted = step
 	c.checkpoints = append(c.checkpoints, sr.URL)
+	if c.tiered != nil {
+		ended, err := c.tiered.Committed(ctx, step)
+		c.persisted(ended)
+		if err != nil {
+			c.logf("%v", err)
+		}
+	}
 }
 
 // finish waits for the in-flight save at the end of training (the job
@@ -190,7 +198,10 @@ func (c *checkpointer) committed(step int64, sr *saver.Result) {
 func (c *checkpointer) finish(ctx context.Context) error {
 	t0 := time.Now()
 	defer func() { c.finalWait += time.Since(t0) }()
-	return c.collect(ctx)
+	if err := c.collect(ctx); err != nil {
+		return err
+	}
+	return c.waitPersist(ctx, c.f.preemptGrace)
 }
 
 // preempt is the first signal's path: let the in-flight save commit within
@@ -216,11 +227,14 @@ func (c *checkpointer) preempt(ctx context.Context, tr *trainer.Trainer, grace t
 	}
 	c.stall += time.Since(t0)
 	step := tr.Iteration()
-	if c.lastCommitted == step {
-		return c.checkpoints[len(c.checkpoints)-1], nil
+	if c.lastCommitted != step {
+		if err := c.saveSync(ctx, tr); err != nil {
+			return "", err
+		}
 	}
-	if err := c.saveSync(ctx, tr); err != nil {
-		return "", err
+	// The in-flight persist may end within what is left of grace.
+	if err := c.waitPersist(ctx, max(grace-time.Since(t0), time.Millisecond)); err != nil {
+		c.logf("%v", err)
 	}
 	return c.checkpoints[len(c.checkpoints)-1], nil
 }
