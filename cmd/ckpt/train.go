@@ -31,6 +31,7 @@ type trainFlags struct {
 	// Async saves and preemption (trainsave.go, preempt.go).
 	async        bool   // --async given: saves through a saver.Saver
 	asyncMode    string // "", asyncOverlap or asyncBlocking
+	prefault     bool   // fault the staging pool in when the saver is made
 	stateSize    string
 	stagingBytes string
 	preemptGrace time.Duration
@@ -150,6 +151,7 @@ Progress (steps done / total, rate, ETA) is shown on a terminal.`,
 	fl.StringVar(&f.asyncMode, "async", "", "save in the background, within the --staging-bytes budget: overlap (a bare --async: staging overlaps the next step's forward and backward) or blocking (the loop waits while the state is staged)")
 	fl.Lookup("async").NoOptDefVal = asyncOverlap
 	fl.StringVar(&f.stateSize, "state-size", "0", "scale the checkpoint to about SIZE (e.g. 1GiB) with a ballast parameter; "+bytesize.Rule)
+	fl.BoolVar(&f.prefault, "prefault", true, "with --async: fault the whole --staging-bytes pool in at the start (its memory is held from then on), so no save pays page faults while it stages")
 	fl.StringVar(&f.stagingBytes, "staging-bytes", "512MiB", "host memory an --async save may stage at once; "+bytesize.Rule)
 	fl.StringVar(&f.local, "local", "", "node-local tier (e.g. /dev/shm/run): every save commits there and every --persist-every-th step is copied to RUN_URL in the background; --resume takes the nearest valid tier")
 	fl.Int64Var(&f.persistEvery, "persist-every", 0, "with --local: persist the saved steps that are a multiple of M to RUN_URL (0: every save)")

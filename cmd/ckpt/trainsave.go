@@ -47,7 +47,7 @@ type checkpointer struct {
 func newCheckpointer(run *backend.Store, tiered *ckrun.Tiered, f trainFlags, stagingBytes int64, options func(int64) saver.Options, logf func(string, ...any)) (*checkpointer, error) {
 	c := &checkpointer{run: run, tiered: tiered, f: f, logf: logf, options: options, lastCommitted: -1, checkpoints: []string{}}
 	if f.async {
-		s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: stagingBytes, Overlap: f.asyncMode == asyncOverlap})
+		s, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: stagingBytes, Overlap: f.asyncMode == asyncOverlap, Prefault: f.prefault})
 		if err != nil {
 			return nil, usage(err)
 		}
