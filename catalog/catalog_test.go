@@ -14,7 +14,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp" // the DCP format and the names its ckptkit writer gives objects
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"

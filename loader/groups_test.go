@@ -11,7 +11,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/ckpterr"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	_ "github.com/ckptkit/ckptkit/interop/torchdcp"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"

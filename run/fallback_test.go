@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"

@@ -16,7 +16,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/coordinator"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/run"

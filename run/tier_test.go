@@ -17,8 +17,8 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"

@@ -28,7 +28,7 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/s3"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/coordinator"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	_ "github.com/ckptkit/ckptkit/backend/s3"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/saver"
 )

@@ -3,7 +3,7 @@
 # `make reliability` runs it: starts the S3/GCS test servers, runs
 # internal/reliability with CKPTKIT_RELIABILITY=full (SIGKILL points on fs,
 # S3 and GCS, two writers on one run, single-bit flips, S3 and GCS requests
-# faulted through internal/faultproxy, the hostile corpus, killed uploads
+# faulted through internal/testkit/faultproxy, the hostile corpus, killed uploads
 # on S3 and GCS and gc),
 # then every fuzz target for FUZZTIME each (default 10m), and prints the
 # table docs/RELIABILITY.md publishes. Writes it to $CKPTKIT_RELIABILITY_REPORT

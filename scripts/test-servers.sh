@@ -250,7 +250,7 @@ cmd_start() {
 	# (GET /<bucket>/<object>, where the Go client reads object bytes) only
 	# to requests whose Host matches it, and a host without a port matches
 	# 127.0.0.1 on any port, so downloads also work through a proxy in
-	# front of it (internal/faultproxy, the reliability campaign's faults
+	# front of it (internal/testkit/faultproxy, the reliability campaign's faults
 	# class). Upload session URIs are built from each request's Host, so
 	# they point back at the proxy too.
 	spawn fake-gcs-server "$FAKEGCS_BIN" -scheme http -host 127.0.0.1 -port "$gcsport" \

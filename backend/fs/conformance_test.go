@@ -12,7 +12,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	ckptfs "github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/conformance"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // TestMain prints this backend's conformance rows after the tests.

@@ -16,7 +16,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/ckpterr"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 func list(t *testing.T, s *backend.Store) []string {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 )
 
 // Regression (issue 16): a connection reset, a reset inside the response

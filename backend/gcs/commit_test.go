@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // isFinalChunk matches the request that finalizes a resumable upload of

@@ -14,7 +14,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/gcs"
 	"github.com/ckptkit/ckptkit/conformance"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/googleapi"

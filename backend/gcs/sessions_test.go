@@ -15,8 +15,8 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/gcs"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // blockingSource yields "at" bytes of an n-byte body, then waits until

@@ -12,8 +12,8 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // Issue 30 item 2 on GCS: an upload request the emulator accepts and never

@@ -8,7 +8,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/mem"
 	"github.com/ckptkit/ckptkit/conformance"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // TestMain prints this backend's conformance rows after the tests.

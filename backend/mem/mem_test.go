@@ -11,7 +11,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/instrument"
 	"github.com/ckptkit/ckptkit/backend/mem"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 func TestNamedBucketsAreShared(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 )
 
 // isComplete matches the CompleteMultipartUpload requests.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/internal/detbytes"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 )
 
 // slowDown is the S3 error a throttled request gets.

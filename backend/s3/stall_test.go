@@ -13,7 +13,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 )
 
 const stallTimeout = 500 * time.Millisecond

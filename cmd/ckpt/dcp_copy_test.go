@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 )
 
 // ctSaveRun is the fixture run of ckptkit.torch.save checkpoints.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/s3"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
 	"github.com/ckptkit/ckptkit/metadata"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 )
 
 // tierSteps lists the committed steps of the run at url, newest last.

@@ -16,8 +16,8 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/gcs"
 	"github.com/ckptkit/ckptkit/backend/s3"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // uploads lists the incomplete uploads under st.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/convert/native"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/ops/diff"

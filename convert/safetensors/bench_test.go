@@ -14,7 +14,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/convert/safetensors"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )

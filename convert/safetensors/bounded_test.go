@@ -16,7 +16,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/convert/safetensors"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/convert/safetensors"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/progress"
 	"github.com/ckptkit/ckptkit/statedict"

@@ -62,15 +62,15 @@ var Levels = map[string]Level{
 	"run": 7,
 
 	// Clients of the core: the C ABI, example plugins, benchmarks, test kits.
-	"capi":                       8,
-	"plugins/examples/fsplugin":  8,
-	"plugins/examples/memplugin": 8,
-	"bench/cmd/ckptbench":        8,
-	"internal/storetest":         8,
-	"internal/ckpttest":          9,
-	"internal/faultproxy":        8,
-	"internal/reliability":       8,
-	"internal/layers":            8,
+	"capi":                        8,
+	"plugins/examples/fsplugin":   8,
+	"plugins/examples/memplugin":  8,
+	"bench/cmd/ckptbench":         8,
+	"internal/testkit/storetest":  8,
+	"internal/testkit/ckpttest":   9,
+	"internal/testkit/faultproxy": 8,
+	"internal/reliability":        8,
+	"internal/layers":             8,
 
 	// The CLI may import everything.
 	"cmd/ckpt": 10,

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 )
 
 // ckptBin is the ckpt binary the campaign runs as a user would.

@@ -22,9 +22,9 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/s3"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/ckpterr"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 )

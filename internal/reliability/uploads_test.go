@@ -22,9 +22,9 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/backend/gcs"
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
-	"github.com/ckptkit/ckptkit/internal/faultproxy"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/faultproxy"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // countUploads counts the incomplete uploads under the run at url.

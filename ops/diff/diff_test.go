@@ -11,7 +11,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/ops/diff"
 	"github.com/ckptkit/ckptkit/progress"

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/ops/gc"
 	"github.com/ckptkit/ckptkit/progress"

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/ckptkit/ckptkit/conformance"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
 	"github.com/ckptkit/ckptkit/plugins/host"
 	hclog "github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"

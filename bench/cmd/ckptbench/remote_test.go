@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
-	"github.com/ckptkit/ckptkit/internal/ckpttest"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 )
 
 // The remote load's baseline really is a checked read: the SDK reads an

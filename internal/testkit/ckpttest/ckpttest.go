@@ -20,7 +20,7 @@ import (
 	_ "github.com/ckptkit/ckptkit/backend/s3"  // s3:// when CKPTKIT_TEST_S3_URL is set
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/internal/detbytes"
-	"github.com/ckptkit/ckptkit/internal/storetest"
+	"github.com/ckptkit/ckptkit/internal/testkit/storetest"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
