@@ -50,6 +50,39 @@ func (b *Backoff) Wait(ctx context.Context) error {
 	}
 }
 
+// Retry runs f, and again after each transient failure (IsTransient), up
+// to policy.Attempts tries in all with the policy's backoff between them,
+// until ctx ends; it returns how many times it retried. It is the Store's
+// own retry loop, for a unit of work larger than one Store call that can
+// be started over as a whole (a checkpoint copy whose streamed uploads the
+// Store cannot replay, say).
+func Retry(ctx context.Context, policy RetryPolicy, f func() error) (int, error) {
+	left, n := max(policy.Attempts, 1)-1, 0
+	err := retryEach(ctx, policy, func(error) bool {
+		if left == 0 {
+			return false
+		}
+		left, n = left-1, n+1
+		return true
+	}, f)
+	return n, err
+}
+
+// retryEach is the one retry loop: f, then, while its error is transient,
+// ctx lives and more agrees, a backoff wait and f again.
+func retryEach(ctx context.Context, policy RetryPolicy, more func(err error) bool, f func() error) error {
+	bo := Backoff{Base: policy.BaseDelay, Max: policy.MaxDelay}
+	for {
+		err := f()
+		if err == nil || !IsTransient(err) || ctx.Err() != nil || !more(err) {
+			return err
+		}
+		if werr := bo.Wait(ctx); werr != nil {
+			return fmt.Errorf("%w (while retrying: %w)", werr, err)
+		}
+	}
+}
+
 // budget is what one Store call may still spend on retries: attempts left
 // and a deadline. The driver retrying a smaller unit inside the call (an
 // upload part) uses the same policy and deadline, and a unit that used up

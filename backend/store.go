@@ -185,17 +185,13 @@ func (s *Store) full(key string) (string, error) {
 // carries the budget, for drivers that retry parts (RetryWithin).
 func (s *Store) retryLoop(ctx context.Context, f func(ctx context.Context) error) error {
 	bctx, b := s.withBudget(ctx)
-	bo := Backoff{Base: s.retry.BaseDelay, Max: s.retry.MaxDelay}
-	for {
-		err := f(bctx)
-		if err == nil || !IsTransient(err) || ctx.Err() != nil || !b.take() {
-			return err
+	return retryEach(ctx, s.retry, func(err error) bool {
+		if !b.take() {
+			return false
 		}
 		slog.DebugContext(ctx, "storage retry", "store", s.String(), "error", err)
-		if werr := bo.Wait(ctx); werr != nil {
-			return fmt.Errorf("%w (while retrying: %w)", werr, err)
-		}
-	}
+		return true
+	}, func() error { return f(bctx) })
 }
 
 // withBudget returns ctx carrying a fresh retry budget of s's policy for

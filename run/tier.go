@@ -169,7 +169,7 @@ func (t *Tiered) persist(step int64) Persist {
 }
 
 // copyRetrying copies src to dst, again after a transient failure (the
-// Retry policy), counting the retries in retries.
+// Retry policy, through backend.Retry), counting the retries in retries.
 func (t *Tiered) copyRetrying(src, dst *backend.Store, retries *int) (*transfer.Result, error) {
 	pol := t.opts.Retry
 	if pol.Attempts < 1 {
@@ -177,17 +177,14 @@ func (t *Tiered) copyRetrying(src, dst *backend.Store, retries *int) (*transfer.
 	}
 	o := t.opts.Transfer
 	o.Force = true
-	bo := backend.Backoff{Base: pol.BaseDelay, Max: pol.MaxDelay}
-	for {
-		res, err := transfer.Copy(t.ctx, src, dst, o)
-		if err == nil || !backend.IsTransient(err) || *retries+1 >= pol.Attempts || t.ctx.Err() != nil {
-			return res, err
-		}
-		*retries++
-		if werr := bo.Wait(t.ctx); werr != nil {
-			return nil, fmt.Errorf("%w (while retrying: %w)", werr, err)
-		}
-	}
+	var res *transfer.Result
+	n, err := backend.Retry(t.ctx, pol, func() error {
+		var err error
+		res, err = transfer.Copy(t.ctx, src, dst, o)
+		return err
+	})
+	*retries += n
+	return res, err
 }
 
 // Wait waits, for at most grace (0: no bound), until no persist is in
