@@ -27,12 +27,3 @@ func Getenv(ctx context.Context, key string) string {
 	}
 	return os.Getenv(key)
 }
-
-// LookupEnv is Getenv that also tells whether the variable is set.
-func LookupEnv(ctx context.Context, key string) (string, bool) {
-	if env, ok := ctx.Value(envKey{}).(map[string]string); ok {
-		v, set := env[key]
-		return v, set
-	}
-	return os.LookupEnv(key)
-}

@@ -102,7 +102,7 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w %q (registered schemes: %s)", RedactURL(rawURL), ErrUnknownScheme, u.Scheme, strings.Join(Schemes(), ", "))
 	}
 	rawQuery := u.RawQuery // with the store's own options, for the URLs it prints
-	stall, err := takeStallTimeout(u)
+	stall, err := takeStallTimeout(ctx, u)
 	if err != nil {
 		return nil, ckpterr.WithClass(fmt.Errorf("open %s: %w", RedactURL(rawURL), err), ckpterr.Usage)
 	}
@@ -141,10 +141,10 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 // stall_timeout option, else StallTimeoutEnv, else DefaultStallTimeout.
 // The option is the Store's, not a driver's: it is taken out of u's query
 // before the opener, which refuses options it does not know, sees it.
-func takeStallTimeout(u *url.URL) (time.Duration, error) {
+func takeStallTimeout(ctx context.Context, u *url.URL) (time.Duration, error) {
 	q := u.Query()
 	if !q.Has(StallTimeoutOption) {
-		return stallTimeoutFromEnv()
+		return stallTimeoutFromEnv(ctx)
 	}
 	d, err := ParseStallTimeout(q.Get(StallTimeoutOption))
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 )
 
@@ -95,10 +94,11 @@ func ParseStallTimeout(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// stallTimeoutFromEnv returns the stall timeout StallTimeoutEnv sets, or
-// DefaultStallTimeout when it is unset.
-func stallTimeoutFromEnv() (time.Duration, error) {
-	v := os.Getenv(StallTimeoutEnv)
+// stallTimeoutFromEnv returns the stall timeout StallTimeoutEnv sets in
+// the environment of an open under ctx (Getenv), or DefaultStallTimeout
+// when it is unset.
+func stallTimeoutFromEnv(ctx context.Context) (time.Duration, error) {
+	v := Getenv(ctx, StallTimeoutEnv)
 	if v == "" {
 		return DefaultStallTimeout, nil
 	}

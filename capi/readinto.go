@@ -136,20 +136,13 @@ func readItems(n int, keys **C.char, offsets *C.int64_t, nsegs *C.int32_t, segLe
 	}
 	dsts := make([][]byte, total)
 	items := make([]readItem, n)
-	names := map[string]string{} // one Go string per distinct key
 	s := 0
 	for i := range items {
 		if ks[i] == nil || offs[i] < 0 {
 			return nil, fmt.Errorf("%w: item %d: key %v, offset %d", errUsage, i, ks[i] != nil, offs[i])
 		}
-		k := C.GoString(ks[i])
-		if v, ok := names[k]; ok {
-			k = v
-		} else {
-			names[k] = k
-		}
 		it := &items[i]
-		it.key, it.offset = k, offs[i]
+		it.key, it.offset = C.GoString(ks[i]), offs[i]
 		it.dsts = dsts[s : s+int(counts[i]) : s+int(counts[i])]
 		for j := range it.dsts {
 			l, p := lens[s+j], ptrs[s+j]

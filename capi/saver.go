@@ -175,9 +175,12 @@ func startSave(callCtx context.Context, svh *saverHandle, url string, sp *saveSp
 	ctx, cancel := context.WithCancel(context.WithoutCancel(callCtx))
 	stop := context.AfterFunc(callCtx, cancel)
 	defer stop()
-	svh.mu.Lock()
-	svh.cancel = cancel
-	svh.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			cancel() // the save never started: nothing else ends its context
+		}
+	}()
 	sh, err := openStore(ctx, url)
 	if err != nil {
 		return nil, err
@@ -201,6 +204,12 @@ func startSave(callCtx context.Context, svh *saverHandle, url string, sp *saveSp
 		coord, closer = sc, sc.Close
 	}
 	opts := sp.options()
+	// ckpt_saver_cancel aborts this save from now on; a save refused below
+	// (or waiting for the previous one) hands it back to the previous one.
+	svh.mu.Lock()
+	prevCancel := svh.cancel
+	svh.cancel = cancel
+	svh.mu.Unlock()
 	var h *saver.Handle
 	if coord != nil {
 		h, err = sv.SaveAsync(ctx, sh.st, coord, sd, opts)
@@ -209,7 +218,8 @@ func startSave(callCtx context.Context, svh *saverHandle, url string, sp *saveSp
 	}
 	release := func(s *saveHandle) {
 		if closer != nil {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			// Not under ctx: an aborted save still removes its group.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 			err := closer(cctx)
 			cancel()
 			if s != nil {
@@ -225,9 +235,13 @@ func startSave(callCtx context.Context, svh *saverHandle, url string, sp *saveSp
 	if h == nil {
 		// Refused before it started (the previous save's failure, a
 		// canceled wait): nothing runs in the background.
+		svh.mu.Lock()
+		svh.cancel = prevCancel
+		svh.mu.Unlock()
 		release(nil)
 		return nil, err
 	}
+	started = true
 	s := &saveHandle{h: h, url: sh.st.String(), done: make(chan struct{})}
 	go func() {
 		<-h.Done()

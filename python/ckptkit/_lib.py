@@ -205,11 +205,13 @@ class CancelScope:
                 lib().ckpt_cancel(self._h)
 
     def close(self):
-        """Release the token once the calls made with it have returned."""
+        """Release the token once the calls made with it have returned (the
+        Go side waits for them; outside the lock, so that cancel() from
+        another thread or a signal handler can still stop them)."""
         with self._hlock:
             h, self._h = self._h, 0
-            if h and not _forked:
-                lib().ckpt_cancel_free(h)
+        if h and not _forked:
+            lib().ckpt_cancel_free(h)
 
     def __enter__(self):
         return self

@@ -104,12 +104,16 @@ def _entries(mv, base=0):
     return out
 
 
-def _data(mv, entry):
+def _data(mv, entry, base=0):
+    """A stored zip record's bytes (entry: its local header's archive offset,
+    size, method), mv holding the archive from offset base; None when it is
+    not a stored record wholly inside mv."""
     loff, size, method = entry
-    if method != 0 or bytes(mv[loff : loff + 4]) != b"PK\x03\x04":
+    p = loff - base
+    if method != 0 or p < 0 or p + 30 > len(mv) or bytes(mv[p : p + 4]) != b"PK\x03\x04":
         return None
-    nlen, elen = struct.unpack_from("<HH", mv, loff + 26)
-    start = loff + 30 + nlen + elen
+    nlen, elen = struct.unpack_from("<HH", mv, p + 26)
+    start = p + 30 + nlen + elen
     if start + size > len(mv):
         return None
     return mv[start : start + size]
@@ -187,25 +191,12 @@ class Located:
                     src, base = tail, self.end
                 else:
                     return False
-                val = _data_at(src, base, loff, size)
+                val = _data(src, bo, base)
                 if val is None or bytes(val) != b"little":
                     return False
             return True
         except (struct.error, ValueError, IndexError):
             return False
-
-
-def _data_at(mv, base, loff, size):
-    """A stored zip record's bytes: its local header at archive offset loff,
-    mv holding the archive from offset base."""
-    p = loff - base
-    if p < 0 or p + 30 > len(mv) or bytes(mv[p : p + 4]) != b"PK\x03\x04":
-        return None
-    nlen, elen = struct.unpack_from("<HH", mv, p + 26)
-    start = p + 30 + nlen + elen
-    if start + size > len(mv):
-        return None
-    return mv[start : start + size]
 
 
 def _contiguous(size, stride):
