@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ckptkit/ckptkit/backend"
+	"github.com/ckptkit/ckptkit/backend/fs"
 	"github.com/ckptkit/ckptkit/catalog"
 )
 
@@ -31,7 +34,9 @@ func TestTrainAsyncIsBitIdentical(t *testing.T) {
 	require.Zero(t, sync.StagingPeakBytes)
 	require.InDelta(t, sync.SaveSeconds, sync.SaveStallSeconds, 0.05, "a sync save blocks the loop throughout")
 
-	async := trainJSON(t, append(size, "--url", filepath.Join(dir, "async"), "--async", "--staging-bytes", "2MiB", "--ranks", "3")...)
+	// Every upload of slowfs:// waits first, so a save whose state exceeds
+	// the staging budget is still staging when the next step starts.
+	async := trainJSON(t, append(size, "--url", "slowfs://"+filepath.ToSlash(filepath.Join(dir, "async")), "--async", "--staging-bytes", "2MiB", "--ranks", "3")...)
 	require.Equal(t, sync.WeightsSHA256, async.WeightsSHA256)
 	require.Len(t, async.Checkpoints, 4)
 	require.Positive(t, async.StagingPeakBytes)
@@ -43,7 +48,7 @@ func TestTrainAsyncIsBitIdentical(t *testing.T) {
 
 	// --async is --async=overlap: staging ran during the next steps'
 	// forward and backward passes, waited for before their updates.
-	require.Positive(t, async.StepTimes.OverlappedSteps, "steps overlapped staging")
+	require.Equal(t, 3, async.StepTimes.OverlappedSteps, "the steps after the saves at 3, 6 and 9 overlapped staging")
 	require.Equal(t, 12, async.StepTimes.OverlappedSteps+async.StepTimes.OtherSteps)
 	require.LessOrEqual(t, async.StagingWaitSeconds, async.SaveStallSeconds, "waiting for staging is stall")
 	blocking := trainJSON(t, append(size, "--url", filepath.Join(dir, "blocking"), "--async=blocking", "--staging-bytes", "2MiB")...)
@@ -59,6 +64,34 @@ func TestTrainAsyncIsBitIdentical(t *testing.T) {
 	resumed := trainJSON(t, append(size, "--url", split, "--resume", "--async", "--ranks", "2")...)
 	require.Equal(t, int64(6), *resumed.ResumedFrom)
 	require.Equal(t, sync.WeightsSHA256, resumed.WeightsSHA256)
+}
+
+// slowPuts is a file-system driver whose every Put waits putDelay first:
+// staging that needs uploads to free its budget then outlasts the gap
+// between a save's return and the next step's start by orders of
+// magnitude (TestTrainAsyncIsBitIdentical counts overlapped steps; on a
+// fast disk a 6 MiB save could otherwise finish staging within that gap).
+type slowPuts struct{ backend.Driver }
+
+const putDelay = 50 * time.Millisecond
+
+func (d slowPuts) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	select {
+	case <-time.After(putDelay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return d.Driver.Put(ctx, key, size, r, opts)
+}
+
+func init() {
+	backend.MustRegister("slowfs", func(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
+		drv, prefix, err := fs.Open(ctx, &url.URL{Scheme: "file", Path: u.Path})
+		if err != nil {
+			return nil, "", err
+		}
+		return slowPuts{drv}, prefix, nil
+	})
 }
 
 // runMainEnv makes the test binary run the ckpt command line it is given,
