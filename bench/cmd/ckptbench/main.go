@@ -107,7 +107,7 @@ func runBench(args []string) error {
 	jsonPath := fs.String("json", "bench/results.json", "where to write the results as JSON (empty: do not)")
 	metaS := fs.String("meta-sizes", "10000,100000,1000000", "metadata entry counts")
 	prof := fs.String("profile-dir", "", "write CPU profiles of the largest metadata size here")
-	only := fs.String("only", "", "comma-separated figures to run: save,load,remote,meta,mem,async (default all)")
+	only := fs.String("only", "", "comma-separated figures to run: save,load,remote,meta,mem,async,tiers (default all)")
 	memLim := fs.Bool("memlimit-variant", true, "also measure loads with GOMEMLIMIT just above the buffers")
 	verbose := fs.Bool("v", true, "log progress to stderr")
 	mdPath := fs.String("markdown", "", "also write the table as Markdown to this file")
@@ -199,6 +199,13 @@ func runBench(args []string) error {
 	}
 	if cfg.want("async") {
 		rows, err := benchAsync(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		res.Rows = append(res.Rows, rows...)
+	}
+	if cfg.want("tiers") {
+		rows, err := benchTiers(ctx, cfg)
 		if err != nil {
 			return err
 		}
