@@ -143,7 +143,7 @@ func Cases() []string {
 }
 
 func allCases() []testCase {
-	return append(append(expandStorage(append(storageCases, delimiterCases...)), checkpointCases...), optimizerCases...)
+	return append(append(expandStorage(append(storageCases, delimiterCases...)), checkpointCases...), append(optimizerCases, runLayerCases...)...)
 }
 
 // UnknownSkips returns the keys of h.Skip that name no case, sorted.

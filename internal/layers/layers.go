@@ -48,13 +48,12 @@ var Levels = map[string]Level{
 	"plugins/sdk":                         4,
 	"plugins/examples/memplugin/memstore": 4,
 
-	// Operations on stored checkpoints; the conformance suite.
+	// Operations on stored checkpoints.
 	"catalog":             5,
 	"transfer":            5,
 	"ops/diff":            5,
 	"convert/native":      5,
 	"convert/safetensors": 5,
-	"conformance":         5,
 
 	"ops/gc": 6,
 
@@ -66,12 +65,13 @@ var Levels = map[string]Level{
 	"plugins/examples/fsplugin":   8,
 	"plugins/examples/memplugin":  8,
 	"bench/cmd/ckptbench":         8,
-	"internal/testkit/storetest":  8,
-	"internal/testkit/ckpttest":   9,
+	"conformance":                 8, // the suite every backend runs: storage, resume and run rules
+	"internal/testkit/storetest":  9,
+	"internal/testkit/ckpttest":   10,
 	"internal/testkit/faultproxy": 8,
 	"internal/reliability":        8,
 	"internal/layers":             8,
 
 	// The CLI may import everything.
-	"cmd/ckpt": 10,
+	"cmd/ckpt": 11,
 }
