@@ -14,6 +14,7 @@ import (
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/ckpterr"
 	"github.com/ckptkit/ckptkit/coordinator"
+	"github.com/ckptkit/ckptkit/internal/testkit/damage"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/metadata"
 	"github.com/ckptkit/ckptkit/run"
@@ -99,26 +100,6 @@ func stepStore(t T, st *backend.Store, step int64) *backend.Store {
 	return s
 }
 
-// flipRankData flips a byte in the middle of rank's data object of the
-// checkpoint at st: its metadata still verifies, only reading finds it.
-func flipRankData(t T, st *backend.Store, rank int) {
-	t.Helper()
-	ctx := context.Background()
-	c, err := loader.Open(ctx, st)
-	require.NoError(t, err)
-	for _, o := range c.Metadata().Objects {
-		if !strings.HasPrefix(o.Key, fmt.Sprintf("rank-%05d-", rank)) {
-			continue
-		}
-		data, err := st.ReadAll(ctx, o.Key, 0)
-		require.NoError(t, err)
-		data[len(data)/2] ^= 0x40
-		require.NoError(t, st.PutBytes(ctx, o.Key, data, backend.PutOptions{}))
-		return
-	}
-	t.Fatalf("no data object of rank %d in %s", rank, st)
-}
-
 // breakMetadata replaces the metadata object of step's checkpoint with
 // bytes that do not parse: committed, but not valid.
 func breakMetadata(t T, st *backend.Store, step int64) {
@@ -190,7 +171,7 @@ func caseRunFallback(t T, h *Harness) {
 	st := h.NewStore(t)
 	r := run.New(st)
 	fx := runSteps(t, st, 1, 10, 20, 30)
-	flipRankData(t, stepStore(t, st, 20), 0)
+	damage.FlipRankData(t, stepStore(t, st, 20), 0)
 	require.NoError(t, stepStore(t, st, 30).Delete(ctx, metadata.ObjectKey))
 
 	l := &rankLoad{f: fx[10], world: 1}
@@ -288,7 +269,7 @@ func caseRunRanksAgree(t T, h *Harness) {
 	const world = 3
 	st := h.NewStore(t)
 	fx := runSteps(t, st, world, 10, 20)
-	flipRankData(t, stepStore(t, st, 20), 2)
+	damage.FlipRankData(t, stepStore(t, st, 20), 2)
 
 	loads := make([]*rankLoad, world)
 	for rank := range loads {

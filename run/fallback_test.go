@@ -9,6 +9,7 @@ import (
 
 	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/internal/testkit/ckpttest"
+	"github.com/ckptkit/ckptkit/internal/testkit/damage"
 	"github.com/ckptkit/ckptkit/loader"
 	"github.com/ckptkit/ckptkit/run"
 	"github.com/ckptkit/ckptkit/saver"
@@ -30,7 +31,7 @@ func damagedNewest(t *testing.T, older, newer [][]string) (*backend.Store, *run.
 	}
 	newest, err := r.Step(6)
 	require.NoError(t, err)
-	flipDataByte(t, newest, 0)
+	damage.FlipRankData(t, newest, 0)
 	found, _, err := r.Latest(ctx, run.LatestOptions{})
 	require.NoError(t, err)
 	require.Equal(t, "step-00000006", found.Name, "the damage is in the data: the metadata verifies")

@@ -3,7 +3,6 @@ package run_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,26 +17,6 @@ import (
 	"github.com/ckptkit/ckptkit/saver"
 	"github.com/ckptkit/ckptkit/statedict"
 )
-
-// flipDataByte flips a byte in the middle of rank's data object of the
-// checkpoint at st: its metadata still verifies, only reading finds it.
-func flipDataByte(t *testing.T, st *backend.Store, rank int) {
-	t.Helper()
-	ctx := context.Background()
-	c, err := loader.Open(ctx, st)
-	require.NoError(t, err)
-	for _, o := range c.Metadata().Objects {
-		if !strings.HasPrefix(o.Key, fmt.Sprintf("rank-%05d-", rank)) {
-			continue
-		}
-		data, err := st.ReadAll(ctx, o.Key, 0)
-		require.NoError(t, err)
-		data[len(data)/2] ^= 0x40
-		require.NoError(t, st.PutBytes(ctx, o.Key, data, backend.PutOptions{}))
-		return
-	}
-	t.Fatalf("no data object of rank %d in %s", rank, st)
-}
 
 // saveSteps saves the state of seed = step under r for each step, sharded
 // over world ranks, and returns the states.

@@ -49,11 +49,12 @@ var Levels = map[string]Level{
 	"plugins/examples/memplugin/memstore": 4,
 
 	// Operations on stored checkpoints.
-	"catalog":             5,
-	"transfer":            5,
-	"ops/diff":            5,
-	"convert/native":      5,
-	"convert/safetensors": 5,
+	"catalog":                 5,
+	"transfer":                5,
+	"ops/diff":                5,
+	"convert/native":          5,
+	"convert/safetensors":     5,
+	"internal/testkit/damage": 5, // the conformance suite's damage helpers
 
 	"ops/gc": 6,
 

@@ -70,22 +70,22 @@ func benchTierPlace(ctx context.Context, cfg *config, u *url.URL, p tierPlace, s
 		return nil, err
 	}
 	defer os.RemoveAll(localDir)
-	durable, err := run.Open(ctx, subURL(u, name+"/durable"))
-	if err != nil {
-		return nil, err
+	// The durable run of the tiers and a durable-only run, removed at the end.
+	var durable, only *run.Run
+	for _, o := range []struct {
+		r    **run.Run
+		name string
+	}{{&durable, "durable"}, {&only, "only"}} {
+		r, err := run.Open(ctx, subURL(u, name+"/"+o.name))
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			clearPrefix(context.Background(), r.Store())
+			r.Close()
+		}()
+		*o.r = r
 	}
-	defer func() {
-		clearPrefix(context.Background(), durable.Store())
-		durable.Close()
-	}()
-	only, err := run.Open(ctx, subURL(u, name+"/only"))
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		clearPrefix(context.Background(), only.Store())
-		only.Close()
-	}()
 	var rounds []tierRound
 	for i := 0; i < cfg.runs; i++ {
 		r, err := tierOnce(ctx, cfg, int64(i+1), filepath.Join(localDir, fmt.Sprint(i)), durable, only, sds, targets)
