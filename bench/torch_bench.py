@@ -114,11 +114,11 @@ def async_rows(sd, work, saves, staging_bytes):
                     out["async_stall"].append(time.perf_counter() - t0)
                     if pending is not None:  # ended before this save started
                         pending.wait()
-                        out["async_save"].append(pending.result["seconds"])
+                        out["async_save"].append(pending.result.seconds)
                     pending = h
                 step()
         pending.wait()
-        out["async_save"].append(pending.result["seconds"])
+        out["async_save"].append(pending.result.seconds)
     return out, peak.peak - base
 
 

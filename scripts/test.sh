@@ -74,6 +74,13 @@ for suite in ${CKPTKIT_TORCH_SUITES:-trixie forky}; do
 		echo
 		echo "== Python suite ($suite: $version) =="
 		suite_status=0
+		if [[ $suite == trixie ]]; then
+			# The binding's type hints (python/pyproject.toml [tool.mypy]),
+			# checked with the Debian package against this torch's hints.
+			echo "== mypy --strict python/ckptkit ($suite) =="
+			bash scripts/torch-env.sh -s trixie run mypy --strict --config-file python/pyproject.toml \
+				--cache-dir /tmp/ckptkit-mypy-cache python/ckptkit || suite_status=$?
+		fi
 		bash scripts/torch-env.sh -s "$suite" run python3 -m pytest -q -p no:cacheprovider python/tests || suite_status=$?
 		ran+=("$suite ($version): exit $suite_status")
 		[[ $suite_status -eq 0 ]] || py_status=$suite_status

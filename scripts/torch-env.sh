@@ -40,9 +40,10 @@ ENV_DIR=${CKPTKIT_TORCH_ENV:-$default_dir}
 APT_OPTS="-o Acquire::Check-Valid-Until=false"
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 # python3-pip and python3-setuptools let a test check `pip install ./python`
-# offline (--no-build-isolation). The ready stamp holds this list: a cached
-# environment built with another list is topped up in place by `build`.
-PACKAGES="python3-torch python3-numpy python3-safetensors python3-pytest python3-pip python3-setuptools"
+# offline (--no-build-isolation); mypy type-checks python/ckptkit
+# (scripts/test.sh). The ready stamp holds this list: a cached environment
+# built with another list is topped up in place by `build`.
+PACKAGES="python3-torch python3-numpy python3-safetensors python3-pytest python3-pip python3-setuptools mypy"
 
 mirror() {
 	if [[ -n ${CKPTKIT_DEBIAN_MIRROR:-} ]]; then

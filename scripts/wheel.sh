@@ -30,6 +30,8 @@ whl=$(ls dist/ckptkit-"$version"-py3-none-*.whl)
 case $whl in
 *-none-any.whl) echo "wheel.sh: $whl is not platform-tagged" >&2; exit 1 ;;
 esac
-python3 -c 'import sys, zipfile; sys.exit(not any(n.endswith("ckptkit/libckptkit.so") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$whl" ||
-	{ echo "wheel.sh: $whl lacks ckptkit/libckptkit.so" >&2; exit 1; }
+for f in ckptkit/libckptkit.so ckptkit/py.typed; do
+	python3 -c 'import sys, zipfile; sys.exit(not any(n.endswith(sys.argv[2]) for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$whl" "$f" ||
+		{ echo "wheel.sh: $whl lacks $f" >&2; exit 1; }
+done
 echo "$whl"

@@ -159,8 +159,8 @@ def run(rank, world, args):
     if pending is not None:
         url = pending.wait()
         if rank == 0:
-            print(f"committed {url} (save stalled training {pending.result['stall_seconds']:.3f} s, "
-                  f"took {pending.result['seconds']:.3f} s)", flush=True)
+            print(f"committed {url} (save stalled training {pending.result.stall_seconds:.3f} s, "
+                  f"took {pending.result.seconds:.3f} s)", flush=True)
     if rank == 0:
         print(f"final step {args.steps} lr {opt.param_groups[0]['lr']:.6f} weights sha256 {weights_digest(model)}", flush=True)
 

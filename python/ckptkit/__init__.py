@@ -13,10 +13,12 @@ is in :mod:`ckptkit.torch`. docs/TORCH.md documents both.
 import ctypes
 import json
 import threading
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import CancelScope
-from .errors import (  # noqa: F401 (re-exported)
+from ._wire import Capabilities, ObjectInfo, ObjectStat
+from .errors import (
     AccessError,
     BadCheckpointError,
     CanceledError,
@@ -39,21 +41,36 @@ __all__ = [
     "Store",
     "CancelScope",
     "ObjectInfo",
+    "ObjectStat",
+    "Capabilities",
     "RawBuffer",
     "abi_version",
     "crc32c",
     "io_count",
+    "goroutines",
+    "live_handles",
+    "AccessError",
+    "BadCheckpointError",
+    "CanceledError",
     "CheckpointError",
-    "PartialStateError",
-    "LayoutMismatchError",
-    "CoverageError",
     "ChecksumError",
+    "ConflictError",
+    "CoverageError",
+    "IncompleteError",
+    "LayoutMismatchError",
+    "MismatchError",
+    "MissingKeysError",
+    "NotFoundError",
+    "PartialStateError",
+    "TransientError",
+    "UnsupportedError",
+    "UsageError",
 ]
 
 
-def abi_version():
+def abi_version() -> int:
     """The ABI version of the loaded libckptkit."""
-    return _lib.lib().ckpt_abi_version()
+    return int(_lib.lib().ckpt_abi_version())
 
 
 class RawBuffer:
@@ -63,11 +80,16 @@ class RawBuffer:
 
     __slots__ = ("addr", "nbytes")
 
-    def __init__(self, addr, nbytes):
+    def __init__(self, addr: int, nbytes: int) -> None:
         self.addr, self.nbytes = addr, nbytes
 
 
-def _address(buf):
+#: What the buffer-taking calls accept: bytes, a RawBuffer, or any object of
+#: the buffer protocol (bytearray, memoryview, numpy array, ...).
+Buffer = Any
+
+
+def _address(buf: Buffer) -> Tuple[Optional[int], int, object]:
     """(address, length, keep-alive) of a buffer without copying: bytes,
     or any writable contiguous buffer (bytearray, memoryview, numpy array,
     BytesIO.getbuffer()). Other read-only buffers are copied once."""
@@ -89,42 +111,30 @@ def _address(buf):
     return ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes, mv
 
 
-def crc32c(data, crc=0):
+def crc32c(data: Buffer, crc: int = 0) -> int:
     """The CRC32C (Castagnoli) of data, continuing from crc."""
     addr, n, keep = _address(data)
-    r = _lib.lib().ckpt_crc32c(crc, addr, n)
+    r: int = _lib.lib().ckpt_crc32c(crc, addr, n)
     del keep
     return r
 
 
-def io_count(op, suffix=""):
+def io_count(op: str, suffix: str = "") -> int:
     """How many ``op`` calls ("read", "put", "stat", "list", "delete") on
     keys ending with suffix the stores opened in this process have made
     (diagnostics and tests: "the metadata was read once"). Counting is on
     only when the process starts with CKPTKIT_IO_COUNT=1; otherwise -1."""
-    return _lib.lib().ckpt_io_count(op.encode(), suffix.encode())
+    return int(_lib.lib().ckpt_io_count(op.encode(), suffix.encode()))
 
 
-def goroutines():
+def goroutines() -> int:
     """The Go runtime's goroutine count (leak tests)."""
-    return _lib.lib().ckpt_goroutines()
+    return int(_lib.lib().ckpt_goroutines())
 
 
-def live_handles():
+def live_handles() -> int:
     """The number of handles of the Go core open (leak tests)."""
-    return _lib.lib().ckpt_handles()
-
-
-class ObjectInfo:
-    """One listing entry: key (relative to the store), size, mtime_ns."""
-
-    __slots__ = ("key", "size", "mtime_ns")
-
-    def __init__(self, key, size, mtime_ns):
-        self.key, self.size, self.mtime_ns = key, size, mtime_ns
-
-    def __repr__(self):
-        return f"ObjectInfo({self.key!r}, size={self.size})"
+    return int(_lib.lib().ckpt_handles())
 
 
 class Store(_lib.Closing):
@@ -137,7 +147,7 @@ class Store(_lib.Closing):
     the store is opened. Every I/O method takes ``scope``, a
     :class:`CancelScope` whose ``cancel()`` stops it."""
 
-    def __init__(self, url):
+    def __init__(self, url: str) -> None:
         self._h = 0
         self._borrowed = False
         self._close_lock = threading.Lock()
@@ -147,7 +157,7 @@ class Store(_lib.Closing):
         self._h = h.value
 
     @classmethod
-    def _from_handle(cls, handle, url):
+    def _from_handle(cls, handle: int, url: str) -> "Store":
         st = cls.__new__(cls)
         st._h = handle
         st.url = url
@@ -155,7 +165,7 @@ class Store(_lib.Closing):
         st._close_lock = threading.Lock()
         return st
 
-    def _handle(self):
+    def _handle(self) -> int:
         # A handle read here may be closed by another thread before the
         # call reaches the Go core: the core's handle table then refuses
         # it with a UsageError, it never reaches a released store.
@@ -164,7 +174,7 @@ class Store(_lib.Closing):
             raise UsageError(f"store {self.url} is closed")
         return h
 
-    def close(self):
+    def close(self) -> None:
         """Release the store (idempotent, thread-safe); waits for the calls
         in flight on it."""
         with self._close_lock:
@@ -172,19 +182,21 @@ class Store(_lib.Closing):
         if h and not self._borrowed:
             _lib.call("ckpt_close", h)
 
-    def object_url(self, key=""):
+    def object_url(self, key: str = "") -> str:
         """The redacted URL of key below the store."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_url", self._handle(), key.encode(), ctypes.byref(out))
         return _lib.take_string(out.value)
 
-    def capabilities(self):
-        """The backend's capabilities (create_if_absent, server_crc32c, ...)."""
+    def capabilities(self) -> Capabilities:
+        """The backend's capabilities (create_if_absent, server_crc32c,
+        multipart, part_size, concurrency)."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_capabilities", self._handle(), ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        return Capabilities.from_json(_lib.take_string(out.value))
 
-    def put(self, key, data, *, if_absent=False, groups=None, scope=None):
+    def put(self, key: str, data: Union[Buffer, Sequence[Buffer]], *, if_absent: bool = False,
+            groups: Optional[Sequence[int]] = None, scope: Optional[CancelScope] = None) -> Tuple[int, List[int]]:
         """Write data (one buffer or a list of buffers, concatenated) as key,
         of exactly their total size, with its CRC32C (checked by the server
         where the backend supports it). With if_absent the write fails with
@@ -192,14 +204,14 @@ class Store(_lib.Closing):
         has no atomic create-if-absent). groups, one non-decreasing number
         per buffer from 0, gathers consecutive buffers into items (default:
         one item per buffer). Returns (total_crc, [crc per item])."""
-        bufs = data if isinstance(data, (list, tuple)) else [data]
+        bufs: Sequence[Buffer] = data if isinstance(data, (list, tuple)) else [data]
         n = len(bufs)
         ptrs = (ctypes.c_void_p * max(n, 1))()
         lens = (ctypes.c_int64 * max(n, 1))()
         ngroups = (groups[-1] + 1) if groups else n
         crcs = (ctypes.c_uint32 * max(ngroups, 1))()
         garr = (ctypes.c_int32 * max(n, 1))(*groups) if groups else None
-        keep = []
+        keep: List[object] = []
         for i, b in enumerate(bufs):
             addr, ln, k = _address(b)
             ptrs[i] = addr
@@ -222,7 +234,7 @@ class Store(_lib.Closing):
         del keep
         return total.value, list(crcs[:ngroups])
 
-    def read_into(self, key, offset, buf, *, scope=None):
+    def read_into(self, key: str, offset: int, buf: Buffer, *, scope: Optional[CancelScope] = None) -> int:
         """Read exactly len(buf) bytes of key at offset into the writable
         buffer buf (no copy through Python); returns their CRC32C."""
         addr, n, keep = _address(buf)
@@ -233,7 +245,8 @@ class Store(_lib.Closing):
         del keep
         return crc.value
 
-    def read_segments(self, key, offset, buf, lengths, *, scope=None):
+    def read_segments(self, key: str, offset: int, buf: Buffer, lengths: Sequence[int], *,
+                      scope: Optional[CancelScope] = None) -> List[int]:
         """Read consecutive segments of key, starting at offset, of the
         given lengths into the writable buffer buf (back to back, as one
         ranged read; len(buf) must be their sum) and return each segment's
@@ -250,7 +263,8 @@ class Store(_lib.Closing):
         del keep
         return list(crcs)
 
-    def read(self, key, offset=0, length=None, *, scope=None):
+    def read(self, key: str, offset: int = 0, length: Optional[int] = None, *,
+             scope: Optional[CancelScope] = None) -> bytes:
         """Read length bytes of key at offset (the whole object when length
         is None)."""
         if length is None:
@@ -263,8 +277,9 @@ class Store(_lib.Closing):
         self.read_into(key, offset, buf, scope=scope)
         return bytes(buf)
 
-    def stat(self, key, *, scope=None):
-        """(size, mtime_ns, crc32c or None) of key; NotFoundError when absent."""
+    def stat(self, key: str, *, scope: Optional[CancelScope] = None) -> ObjectStat:
+        """The size, mtime_ns and crc32c (None when the backend stored none)
+        of key; NotFoundError when absent."""
         size, mt, crc, has = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_uint32(), ctypes.c_int()
         _lib.call(
             "ckpt_stat",
@@ -276,9 +291,9 @@ class Store(_lib.Closing):
             ctypes.byref(has),
             scope=scope,
         )
-        return size.value, mt.value, (crc.value if has.value else None)
+        return ObjectStat(size=size.value, mtime_ns=mt.value, crc32c=crc.value if has.value else None)
 
-    def exists(self, key):
+    def exists(self, key: str) -> bool:
         """Whether key exists."""
         try:
             self.stat(key)
@@ -286,12 +301,15 @@ class Store(_lib.Closing):
         except NotFoundError:
             return False
 
-    def list(self, prefix="", *, scope=None):
+    def list(self, prefix: str = "", *, scope: Optional[CancelScope] = None) -> List[ObjectInfo]:
         """The objects under prefix, in ascending key order."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_list", self._handle(), prefix.encode(), ctypes.byref(out), scope=scope)
-        return [ObjectInfo(e["key"], e["size"], e["mtime_ns"]) for e in json.loads(_lib.take_string(out))]
+        entries = json.loads(_lib.take_string(out.value))
+        if not isinstance(entries, list):
+            raise CheckpointError(f"ckpt_list returned {type(entries).__name__}, not a list")
+        return [ObjectInfo.from_wire(e) for e in entries]
 
-    def delete(self, key, *, scope=None):
+    def delete(self, key: str, *, scope: Optional[CancelScope] = None) -> None:
         """Remove key; a missing key is not an error."""
         _lib.call("ckpt_delete", self._handle(), key.encode(), scope=scope)

@@ -26,8 +26,13 @@ import ctypes
 import json
 import os
 import threading
+from types import TracebackType
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 from . import errors
+
+#: What the C calls take: integers, ctypes values, pointers and arrays.
+CArg = Any
 
 #: The ABI version this binding speaks; a library of another version is refused.
 ABI_VERSION = 2
@@ -48,7 +53,7 @@ _ERR = [_c_int_p, _c_char_pp, _c_char_pp]
 _tok = ctypes.c_size_t
 _h = ctypes.c_size_t
 
-_SIGNATURES = {
+_SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "ckpt_abi_version": ([], ctypes.c_int),
     "ckpt_free": ([ctypes.c_void_p], None),
     "ckpt_crc32c": ([ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64], ctypes.c_uint32),
@@ -108,11 +113,11 @@ CANCELLABLE = frozenset({
     "ckpt_delete", "ckpt_checkpoint_open", "ckpt_checkpoint_load", "ckpt_saver_save", "ckpt_save_wait", "ckpt_read_items",
     "ckpt_saver_idle"})
 
-_lib = None
+_lib: Optional[ctypes.CDLL] = None
 _lock = threading.Lock()
 
 
-def lib_path():
+def lib_path() -> str:
     """Where the shared library is loaded from."""
     return os.environ.get("CKPTKIT_LIB") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "libckptkit.so")
 
@@ -120,7 +125,7 @@ def lib_path():
 _forked = False
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     global _forked
     if _lib is not None:
         _forked = True
@@ -129,13 +134,13 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def forked():
+def forked() -> bool:
     """True in a child forked after the library was loaded (where no call
     may reach it)."""
     return _forked
 
 
-def _refuse_forked():
+def _refuse_forked() -> None:
     raise errors.UsageError(
         f"ckptkit cannot be used in a process forked (pid {os.getpid()}) from one that had loaded it: the Go runtime "
         "does not survive fork(). Start workers with the 'spawn' or 'forkserver' start method "
@@ -143,7 +148,7 @@ def _refuse_forked():
         "in the parent")
 
 
-def lib():
+def lib() -> ctypes.CDLL:
     """The loaded library (loaded and version-checked on first use)."""
     global _lib
     if _forked:
@@ -172,7 +177,7 @@ def lib():
     return _lib
 
 
-def environment():
+def environment() -> bytes:
     """The variables every open passes to the Go core (JSON bytes): those
     of os.environ named by ENV_PREFIXES and ENV_NAMES, as they are now."""
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
@@ -186,25 +191,25 @@ class CancelScope:
     on any exception leaving the block (Ctrl-C included) and is released at
     the end. Safe to cancel from any thread or a signal handler."""
 
-    def __init__(self):
-        self._h = lib().ckpt_cancel_new()
+    def __init__(self) -> None:
+        self._h: int = lib().ckpt_cancel_new()
         if not self._h:
             raise errors.CheckpointError("could not make a cancellation token")
         self._hlock = threading.Lock()
         self.cancelled = False
 
-    def handle(self):
+    def handle(self) -> int:
         """The token (0 once released)."""
         return self._h
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Cancel the calls made with this scope (idempotent)."""
         self.cancelled = True
         with self._hlock:
             if self._h and not _forked:
                 lib().ckpt_cancel(self._h)
 
-    def close(self):
+    def close(self) -> None:
         """Release the token once the calls made with it have returned (the
         Go side waits for them; outside the lock, so that cancel() from
         another thread or a signal handler can still stop them)."""
@@ -213,20 +218,21 @@ class CancelScope:
         if h and not _forked:
             lib().ckpt_cancel_free(h)
 
-    def __enter__(self):
+    def __enter__(self) -> "CancelScope":
         return self
 
-    def __exit__(self, typ, exc, tb):
+    def __exit__(self, typ: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         if typ is not None:
             self.cancel()
         self.close()
 
 
-_calls = None
+_calls: Optional[concurrent.futures.ThreadPoolExecutor] = None
 _calls_lock = threading.Lock()
 
 
-def _helper():
+def _helper() -> concurrent.futures.ThreadPoolExecutor:
     """The helper threads that run the calls made from the main thread."""
     global _calls
     with _calls_lock:
@@ -235,7 +241,7 @@ def _helper():
         return _calls
 
 
-def _wait_out(fut):
+def _wait_out(fut: "concurrent.futures.Future[None]") -> None:
     """Wait for fut to end, whatever arrives meanwhile (the Go call still
     uses the caller's buffers until it returns; once cancelled it does so
     promptly)."""
@@ -248,7 +254,7 @@ def _wait_out(fut):
                 return
 
 
-def _invoke(fn, args):
+def _invoke(fn: Callable[..., int], args: Tuple[CArg, ...]) -> None:
     cls = ctypes.c_int(0)
     rule = ctypes.c_char_p()
     msg = ctypes.c_char_p()
@@ -260,7 +266,7 @@ def _invoke(fn, args):
         raise errors.from_abi(cls.value, r, m)
 
 
-def call(name, *args, scope=None):
+def call(name: str, *args: CArg, scope: Optional[CancelScope] = None) -> None:
     """Call a library function that takes the error out-parameters last;
     raise the matching ckptkit error when it fails. A call of CANCELLABLE
     gets its token first: the scope's, else (from the main thread) one of
@@ -274,7 +280,7 @@ def call(name, *args, scope=None):
         _invoke(fn, (scope.handle() if scope is not None else 0,) + args)
         return
     own = scope is None
-    sc = CancelScope() if own else scope
+    sc = scope if scope is not None else CancelScope()
     try:
         try:
             fut = _helper().submit(_invoke, fn, (sc.handle(),) + args)
@@ -299,7 +305,7 @@ def call(name, *args, scope=None):
             sc.close()
 
 
-def take_string(ptr):
+def take_string(ptr: Optional[int]) -> str:
     """Copy a C string returned by the library and free it."""
     if not ptr:
         return ""
@@ -309,7 +315,7 @@ def take_string(ptr):
         lib().ckpt_free(ptr)
 
 
-def take_bytes(ptr, n):
+def take_bytes(ptr: Optional[int], n: int) -> bytes:
     """Copy n bytes of C memory returned by the library and free it."""
     if not ptr:
         return b""
@@ -319,7 +325,7 @@ def take_bytes(ptr, n):
         lib().ckpt_free(ptr)
 
 
-def _take(p):
+def _take(p: ctypes.c_char_p) -> str:
     if not p.value:
         return ""
     s = p.value.decode("utf-8", "replace")
@@ -327,20 +333,23 @@ def _take(p):
     return s
 
 
+_C = TypeVar("_C", bound="Closing")
+
+
 class Closing:
     """Context-manager and finaliser plumbing for objects holding a library
     handle: subclasses define close() (idempotent)."""
 
-    def close(self):
+    def close(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self: _C) -> _C:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:

@@ -6,6 +6,8 @@ broke (when it is one) and the message naming key, object and URL. They all
 raise a subclass of :class:`CheckpointError`.
 """
 
+from typing import Dict, Optional, Type
+
 # ckpterr class numbers (ckpterr/ckpterr.go); stable across versions.
 INTERNAL = 0
 BAD_CHECKPOINT = 1
@@ -17,7 +19,7 @@ CONFLICT = 6
 UNSUPPORTED = 7
 CANCELED = 8
 
-CLASS_NAMES = {
+CLASS_NAMES: Dict[int, str] = {
     INTERNAL: "internal",
     BAD_CHECKPOINT: "bad-checkpoint",
     USAGE: "usage",
@@ -36,14 +38,14 @@ class CheckpointError(Exception):
 
     default_cls = INTERNAL
 
-    def __init__(self, message, cls=None, rule=None):
+    def __init__(self, message: str, cls: Optional[int] = None, rule: Optional[str] = None) -> None:
         super().__init__(message)
-        self.message = message
-        self.cls = self.default_cls if cls is None else cls
-        self.rule = rule
+        self.message: str = message
+        self.cls: int = self.default_cls if cls is None else cls
+        self.rule: Optional[str] = rule
 
     @property
-    def class_name(self):
+    def class_name(self) -> str:
         """The class as named in the CLI's JSON output."""
         return CLASS_NAMES.get(self.cls, "internal")
 
@@ -130,7 +132,7 @@ class CanceledError(CheckpointError):
 
 # The rule names are the Go core's (loader.Rules, listed in
 # loader/testdata/rules.txt; python/tests/test_errors.py keeps them equal).
-_BY_RULE = {
+_BY_RULE: Dict[str, Type[CheckpointError]] = {
     "partial-optimizer-state": PartialStateError,
     "layout-mismatch": LayoutMismatchError,
     "shard-coverage": CoverageError,
@@ -141,7 +143,7 @@ _BY_RULE = {
     "missing-object": BadCheckpointError,
 }
 
-_BY_CLASS = {
+_BY_CLASS: Dict[int, Type[CheckpointError]] = {
     BAD_CHECKPOINT: BadCheckpointError,
     USAGE: UsageError,
     NOT_FOUND: NotFoundError,
@@ -153,7 +155,7 @@ _BY_CLASS = {
 }
 
 
-def from_abi(cls, rule, message):
+def from_abi(cls: int, rule: str, message: str) -> CheckpointError:
     """The exception for an error that crossed the C ABI."""
     typ = _BY_RULE.get(rule) or _BY_CLASS.get(cls, CheckpointError)
     return typ(message, cls=cls, rule=rule or None)

@@ -129,7 +129,7 @@ def run(rank, world, scenario, url, out):
         rep = ct.resume(url, m, opt, scheduler=sched)
         result = full_state(m, opt)
         result.update(step=rep.step, lazy=sorted(rep.lazy_params), lr=opt.param_groups[0]["lr"],
-                      skipped=[(s["url"], s["reason"]) for s in rep.skipped])
+                      skipped=[(s.url, s.reason) for s in rep.skipped])
     elif scenario in ("fsdp2-save", "fsdp2-resume"):
         got = fsdp2_moe(0 if scenario == "fsdp2-save" else 99)
         if isinstance(got, str):

@@ -6,6 +6,7 @@ asynchronous save that is never silent (issue 30).
 Everything that could abort or hang the interpreter runs in a subprocess
 whose exit code is asserted."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import uuid
 import pytest
 
 import ckptkit
-from ckptkit import _lib
+from ckptkit import _lib, _wire
 from conftest import sub_url
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -194,40 +195,80 @@ print("ok")
     assert "panic in the Go core" in r.stderr and "goroutine" in r.stderr
 
 
-def test_golden_json_field_names_are_what_the_binding_reads():
+def _golden():
     with open(os.path.join(REPO, "capi", "testdata", "abi_golden.json")) as f:
-        golden = json.load(f)
-    rep = golden["load_report"]
-    # The fields resume reads (ckptkit/torch/__init__.py), by their wire names.
-    for k in ("lazy_params", "optimizer_loaded", "iteration", "extra_keys", "summary", "bytes_read", "read_requests",
-              "bytes", "fallbacks", "info"):
-        assert k in rep, k
-    assert not any(k[:1].isupper() for k in rep), "an untagged Go field name crossed the ABI"
-    for k in ("url", "name", "step", "format", "skipped", "none", "empty"):
-        assert k in golden["checkpoint_info"], k
-    assert set(golden["capabilities"]) == {"create_if_absent", "server_crc32c", "multipart", "part_size", "concurrency"}
-    assert set(golden["list_entry"]) == {"key", "size", "mtime_ns"}
-    assert {"url", "bytes_written", "seconds", "stall_seconds"} <= set(golden["save_result"])
-    assert set(golden["saver_stats"]) == {"budget_bytes", "pool_bytes", "held_bytes", "peak_bytes"}
+        return json.load(f)
+
+
+def test_golden_json_field_names_are_what_the_binding_reads():
+    # Every document of the golden file (written by the Go side's
+    # TestWireGolden) has its dataclass, whose WIRE names exactly its fields.
+    golden = _golden()
+    assert set(golden) == set(_wire.GOLDEN)
+    for kind, cls in _wire.GOLDEN.items():
+        doc = golden[kind]
+        assert set(cls.WIRE.values()) == set(doc), kind
+        assert set(cls.WIRE) == {f.name for f in dataclasses.fields(cls)}, kind
+        assert set(cls.OMITTED) <= set(doc), kind
+        assert not any(k[:1].isupper() for k in doc), f"{kind}: an untagged Go field name crossed the ABI"
+        got = cls.from_wire(doc)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(got, next(iter(cls.WIRE)), None)
+        for attr, name in cls.WIRE.items():
+            if isinstance(doc[name], (str, int, float, bool)):
+                assert getattr(got, attr) == doc[name], (kind, attr)
+    rep = _wire.LoadReport.from_wire(golden["load_report"])
+    assert rep.optimizer_loaded is True and rep.lazy_params == ("model.b",) and rep.extra_keys == ("extra",)
+    assert rep.byte_values == ({"step": b"10"},)
+    assert rep.fallbacks == (_wire.SkippedCheckpoint(url="file:///r/step-00000012", reason="checksum"),)
+    assert rep.info == _wire.CheckpointInfo.from_wire(golden["checkpoint_info"])
+    assert rep.info.skipped == (_wire.SkippedCheckpoint(url="file:///r/step-00000011", reason="uncommitted"),)
+
+
+@pytest.mark.parametrize("kind", sorted(_wire.GOLDEN))
+def test_a_missing_or_mistyped_field_fails_clearly(kind):
+    # No silent default: without a field it is an error naming it, except
+    # the fields Go leaves out when empty (omitempty), which read as empty.
+    cls = _wire.GOLDEN[kind]
+    doc = _golden()[kind]
+    for name in doc:
+        short = {k: v for k, v in doc.items() if k != name}
+        if name in cls.OMITTED:
+            got = cls.from_wire(short)
+            attr = next(a for a, n in cls.WIRE.items() if n == name)
+            assert getattr(got, attr) == cls.OMITTED[name], (kind, name)
+            continue
+        with pytest.raises(ckptkit.CheckpointError, match=repr(name)) as ei:
+            cls.from_wire(short)
+        assert ei.value.class_name == "internal"
+        wrong = dict(doc, **{name: {"not": "this"}})
+        with pytest.raises(ckptkit.CheckpointError, match=repr(name)):
+            cls.from_wire(wrong)
+    with pytest.raises(ckptkit.CheckpointError, match="not a JSON object"):
+        cls.from_wire([doc])
 
 
 def test_live_json_matches_the_golden_names(tmp_path):
-    # The same names come out of the real library.
+    # The same names come out of the real library, read by the same
+    # dataclasses (a missing name would raise).
     import torch
-    from ckptkit.torch import Checkpoint, save
+    from ckptkit.torch import Checkpoint, CheckpointInfo, LoadReport, SaverStats, save, step_url
     from ckptkit.torch._async import saver_for
-    with open(os.path.join(REPO, "capi", "testdata", "abi_golden.json")) as f:
-        golden = json.load(f)
     url = "file://" + str(tmp_path)
     st = ckptkit.Store(url)
-    assert set(st.capabilities()) == set(golden["capabilities"])
+    assert isinstance(st.capabilities(), ckptkit.Capabilities)
+    st.put("a/b", b"hello")
+    assert st.list("a/") == [ckptkit.ObjectInfo(key="a/b", size=5, mtime_ns=st.stat("a/b").mtime_ns)]
     m = torch.nn.Linear(4, 4)
     ck_url = save(url + "/run", m, step=1)
-    with Checkpoint(ck_url) as ck:
-        assert set(golden["checkpoint_info"]) >= set(ck.info)
-        rep = ck.load({"targets": [{"tensors": [], "bytes": []}], "quiet": True}, [])
-        assert set(rep) <= set(golden["load_report"]) and "lazy_params" in rep
-    assert set(saver_for(None).stats()) == set(golden["saver_stats"])
+    assert ck_url == step_url(url + "/run", 1)
+    with Checkpoint(url + "/run") as ck:
+        assert isinstance(ck.info, CheckpointInfo)
+        assert (ck.info.url, ck.info.name, ck.info.step, ck.info.none) == (ck_url, "step-00000001", 1, False)
+        rep = ck.load({"targets": [{"tensors": [], "bytes": ["step"]}], "quiet": True}, [])
+        assert isinstance(rep, LoadReport) and rep.iteration == 1 and rep.info is None
+        assert rep.byte_values == ({"step": b"1"},)
+    assert isinstance(saver_for(None).stats(), SaverStats)
     st.close()
 
 

@@ -73,7 +73,7 @@ def test_async_save_then_mutating_every_tensor_commits_the_pre_mutation_values(b
     # The state is staged: change every tensor at once, while it is written.
     _mutate_everything(m, opt, ballast)
     assert h.wait() == step_url(base_url, 3)
-    assert h.done() and h.status == "committed" and h.result["bytes_written"] > 24 << 20
+    assert h.done() and h.status == "committed" and h.result is not None and h.result.bytes_written > 24 << 20
     _check_resumes_to(base_url, want, want_ballast)
 
 
@@ -104,8 +104,8 @@ def test_budget_smaller_than_the_state_completes_within_it(file_url):
         stop.set()
         sampler.join()
     stats = _async.current_saver().stats()
-    assert stats["budget_bytes"] <= budget
-    assert 0 < stats["peak_bytes"] <= budget and stats["pool_bytes"] <= budget
+    assert stats.budget_bytes <= budget
+    assert 0 < stats.peak_bytes <= budget and stats.pool_bytes <= budget
     # Measured: the process grew by the budget plus the Go runtime's own
     # needs, never by the 48 MiB state (the bound: budget + 64 MiB).
     assert peak[0] - base <= budget + (64 << 20), f"RSS grew {(peak[0] - base) >> 20} MiB"

@@ -161,7 +161,7 @@ def test_resume_of_a_run_falls_back_past_the_payload(file_url, tmp_path, writer)
     m2, opt2, sched2 = make(seed=3)
     rep = resume(run, m2, opt2, scheduler=sched2)
     assert rep.checkpoint_step == 1
-    reasons = " ".join(s.get("reason", "") for s in rep.skipped)
+    reasons = " ".join(s.reason for s in rep.skipped)
     assert KEY in reasons and GLOBAL in reasons, rep.skipped
     for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
         assert torch.equal(a, b)

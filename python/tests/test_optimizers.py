@@ -205,7 +205,7 @@ def test_resumes_bit_identically(file_url, name, how):
     rep = resume(file_url, m2, opt2, scheduler=sched2)
     assert rep.step == 3 and rep.optimizer_loaded
     assert sorted(rep.lazy_params) == lazy
-    assert rep.kept_fields == []
+    assert rep.kept_fields == ()
     _assert_same(saved, _state(m2, opt2, sched2))  # resumed exactly what was saved
     _train(m2, opt2, sched2, AFTER, seed=5)
     _assert_same(want, _state(m2, opt2, sched2))

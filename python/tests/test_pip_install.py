@@ -26,6 +26,7 @@ def test_pip_install_gives_a_working_import(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (target / "ckptkit" / "libckptkit.so").is_file()
+    assert (target / "ckptkit" / "py.typed").is_file()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(target)
     probe = ("import ckptkit, ckptkit.torch, os; "

@@ -19,7 +19,7 @@ import ckptkit
 from ckptkit.torch import StorageReader, StorageWriter
 url = sys.argv[1]
 st = ckptkit.Store(url)
-st.put("hello", b"plugin world", if_absent=st.capabilities()["create_if_absent"])
+st.put("hello", b"plugin world", if_absent=st.capabilities().create_if_absent)
 assert st.read("hello", 7, 5) == b"world"
 sd = {"w": torch.arange(1000, dtype=torch.float32), "step": 7}
 dcp.save(sd, storage_writer=StorageWriter(url + "/ck"))

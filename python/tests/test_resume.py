@@ -190,7 +190,7 @@ def test_newest_committed_checkpoint_is_chosen_and_killed_save_skipped(file_url,
     m2, opt2, sched2 = make(seed=2)
     rep = resume(file_url, m2, opt2, scheduler=sched2)
     assert rep.step == 3 and rep.url.endswith("step-00000003")
-    assert any("step-00000004" in s["url"] and "uncommitted" in s["reason"] for s in rep.skipped)
+    assert any("step-00000004" in s.url and "uncommitted" in s.reason for s in rep.skipped)
     from test_dcp import ckpt_cli
 
     out = ckpt_cli("latest", file_url)
@@ -220,7 +220,8 @@ def test_unreadable_checkpoint_is_skipped_and_never_a_fresh_start(file_url, tmp_
         "m, opt, sched = make(seed=2)\n"
         "try:\n"
         "    rep = resume(sys.argv[1], m, opt, scheduler=sched)\n"
-        "    print(json.dumps({'step': None if rep is None else rep.step, 'skipped': [] if rep is None else rep.skipped}))\n"
+        "    print(json.dumps({'step': None if rep is None else rep.step,\n"
+        "                      'skipped': [] if rep is None else [{'url': s.url, 'reason': s.reason} for s in rep.skipped]}))\n"
         "except ckptkit.AccessError as e:\n"
         "    print(json.dumps({'access_error': str(e)}))\n"
     )
@@ -407,7 +408,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_next_older_valid_one(file_u
         rep = resume(file_url, m2, opt2, scheduler=sched2)
     assert sum("is damaged" in str(w.message) for w in caught) == 1, "the fallback is reported once"
     assert rep.step == 3 and rep.url.endswith("step-00000003") and rep.checkpoint_step == 3
-    assert [s["url"].endswith("step-00000006") for s in rep.skipped] == [True]
+    assert [s.url.endswith("step-00000006") for s in rep.skipped] == [True]
     assert same_bits(want, snapshot(m2, opt2))
     assert sched2.last_epoch == want_epoch
     # And it trains on exactly like the step-3 state does.

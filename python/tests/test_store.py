@@ -26,8 +26,9 @@ def test_round_trip(base_url):
     buf = bytearray(5000)
     assert st.read_into("dir/obj", 7, buf) == ckptkit.crc32c(data[7:5007])
     assert bytes(buf) == data[7:5007]
-    size, _, _ = st.stat("dir/obj")
-    assert size == len(data)
+    stat = st.stat("dir/obj")
+    assert stat.size == len(data) and stat.mtime_ns > 0
+    assert stat.crc32c in (None, ckptkit.crc32c(data)), stat
     st.put("dir/a", b"")
     assert [o.key for o in st.list("dir/")] == ["dir/a", "dir/obj"]
     st.delete("dir/obj")
@@ -56,7 +57,7 @@ def test_errors_carry_class_and_message(base_url):
 
 def test_create_if_absent(base_url):
     st = ckptkit.Store(base_url)
-    if not st.capabilities()["create_if_absent"]:
+    if not st.capabilities().create_if_absent:
         with pytest.raises(ckptkit.UnsupportedError):
             st.put("k", b"1", if_absent=True)
         return

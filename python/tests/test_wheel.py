@@ -48,6 +48,8 @@ def test_the_wheel_is_platform_tagged_and_carries_the_library():
     names = zipfile.ZipFile(whl).namelist()
     assert any(n.endswith("ckptkit/libckptkit.so") for n in names), names
     assert any(n.endswith("ckptkit/torch/pickle_allowlist.json") for n in names), names
+    # The type hints are for its users too (PEP 561).
+    assert any(n.endswith("ckptkit/py.typed") for n in names), names
     assert not any("/tests/" in n for n in names), names
 
 

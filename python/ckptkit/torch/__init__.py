@@ -16,19 +16,22 @@ another world size. docs/TORCH.md documents it.
 import base64
 import collections
 import ctypes
+import importlib
 import json
 import logging
 import os
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Protocol, Set, Tuple, Union, overload
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 
 from ckptkit import _lib
+from ckptkit._wire import CheckpointInfo, LoadReport, RunLayout, SaveResult, SaverStats, SkippedCheckpoint
 from ckptkit.errors import (
     BadCheckpointError,
     CanceledError,
@@ -43,7 +46,8 @@ from ._async import AsyncSave, AsyncSaver, close
 from ._storage import Checkpoint, StorageReader, StorageWriter, census_members, decode_integrity, encode_integrity
 
 __all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
-           "AsyncSave", "AsyncSaver", "close",
+           "AsyncSave", "AsyncSaver", "close", "SkippedCheckpoint", "CheckpointInfo", "LoadReport", "SaveResult",
+           "SaverStats", "Optimizer", "Optimizers",
            "encode_integrity", "decode_integrity", "census_members"]
 
 log = logging.getLogger("ckptkit")
@@ -54,7 +58,30 @@ OPTIMIZER_KEY = "optimizer"
 SCHEDULER_KEY = "scheduler"
 STEP_KEY = "step"
 
-_DTYPES = {
+
+
+class Optimizer(Protocol):
+    """What ckptkit.torch needs of an optimizer: torch.optim.Optimizer's
+    protocol (any optimizer following it will do)."""
+
+    @property
+    def state(self) -> Mapping[Any, Any]: ...
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]: ...
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None: ...
+
+
+#: One optimizer, a list or tuple of them, or None.
+Optimizers = Union[Optimizer, List[Optimizer], Tuple[Optimizer, ...], None]
+#: A learning-rate scheduler (torch.optim.lr_scheduler's protocol:
+#: state_dict, load_state_dict, get_last_lr).
+Scheduler = Any
+
+_DTYPES: Dict[torch.dtype, str] = {
     torch.float32: "float32",
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
@@ -69,25 +96,25 @@ _DTYPES = {
 }
 
 
-def _layout(run_url, step):
-    """The run's layout as the Go core's package run owns it: {step_name,
-    step_url, coord_url} of step under run_url (query parameters kept)."""
+def _layout(run_url: Union[str, "os.PathLike[str]"], step: int) -> RunLayout:
+    """The run's layout as the Go core's package run owns it: step_name,
+    step_url, coord_url of step under run_url (query parameters kept)."""
     out = ctypes.c_void_p()
     _lib.call("ckpt_run_layout", os.fspath(run_url).encode(), int(step), ctypes.byref(out))
-    return json.loads(_lib.take_string(out.value))
+    return RunLayout.from_json(_lib.take_string(out.value))
 
 
-def step_url(run_url, step):
+def step_url(run_url: Union[str, "os.PathLike[str]"], step: int) -> str:
     """The checkpoint URL of step under run_url: run_url/step-<8 digits>
     (query parameters of the run URL kept)."""
-    return _layout(run_url, step)["step_url"]
+    return _layout(run_url, step).step_url
 
 
-def _rank():
+def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _unwrap(model):
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose names the checkpoint uses: without the wrappers
     that prefix every key, DistributedDataParallel/DataParallel
     (``module.``) and torch.compile's OptimizedModule (``_orig_mod.``), as
@@ -99,25 +126,25 @@ def _unwrap(model):
         if isinstance(model, (DistributedDataParallel, DataParallel)):
             model = model.module
         elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
+            model = getattr(model, "_orig_mod")
         else:
             return model
 
 
-def _param_names(model):
+def _param_names(model: torch.nn.Module) -> Dict[int, str]:
     return {id(p): name for name, p in _unwrap(model).named_parameters()}
 
 
 _PROTOCOL = ("state", "param_groups", "state_dict", "load_state_dict", "step")
 
 
-def _optimizers(optimizer):
+def _optimizers(optimizer: Optimizers) -> List[Optimizer]:
     """The optimizers of optimizer (one, or a list or tuple of them) as a
     list. Each must follow torch.optim.Optimizer's protocol (state,
     param_groups, state_dict, load_state_dict, step)."""
     if optimizer is None:
         return []
-    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    opts: List[Optimizer] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if not opts:
         raise UsageError("the list of optimizers is empty")
     for o in opts:
@@ -128,15 +155,15 @@ def _optimizers(optimizer):
     return opts
 
 
-def _group_fqns(model, optimizer):
+def _group_fqns(model: torch.nn.Module, optimizer: Optimizers) -> List[List[str]]:
     """The FQNs of each param group's parameters, in group order (the groups
     of every optimizer of a list, in list order)."""
     names = _param_names(model)
-    out = []
-    seen = set()
+    out: List[List[str]] = []
+    seen: Set[int] = set()
     for o in _optimizers(optimizer):
         for g in o.param_groups:
-            fqns = []
+            fqns: List[str] = []
             for p in g["params"]:
                 if id(p) not in names:
                     raise UsageError("the optimizer holds a parameter that is not a parameter of the model")
@@ -148,18 +175,19 @@ def _group_fqns(model, optimizer):
     return out
 
 
-def _optimizer_state(model, optimizer):
+def _optimizer_state(model: torch.nn.Module, optimizer: Optimizers) -> Dict[str, Any]:
     """The optimizer's state keyed by parameter FQN, as torch's
     get_optimizer_state_dict lays it out (state.<fqn>.<slot>,
     param_groups.<i>.<field>, params listing FQNs), without initialising
     any state. A list of optimizers gives one merged state: every
     optimizer's state by FQN, the param groups concatenated in list order
     (get_optimizer_state_dict(model, [o1, o2]))."""
-    state, groups = {}, []
+    state: Dict[str, Any] = {}
+    groups: List[Dict[str, Any]] = []
     for o in _optimizers(optimizer):
         osd = o.state_dict()
         fqns = _group_fqns(model, o)
-        idx2fqn = {}
+        idx2fqn: Dict[int, str] = {}
         i = 0
         for group in fqns:
             for f in group:
@@ -173,12 +201,12 @@ def _optimizer_state(model, optimizer):
     return {"state": state, "param_groups": groups}
 
 
-def _census(osd):
+def _census(osd: Mapping[str, Any]) -> Dict[str, Optional[List[str]]]:
     """{fqn: slot names, or None for a parameter without saved state} of a
     merged optimizer state (what StorageWriter's census records). A slot
     name is a key suffix the checkpoint holds under
     optimizer.state.<fqn>. (a nested value's path joined with '.')."""
-    out = {}
+    out: Dict[str, Optional[List[str]]] = {}
     for g in osd["param_groups"]:
         for f in g["params"]:
             out[f] = None
@@ -187,8 +215,28 @@ def _census(osd):
     return out
 
 
-def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer=True, extra_state=None,
-         async_save=False, staging_bytes=None, **writer_options):
+@overload
+def save(run_url: Union[str, "os.PathLike[str]"], model: torch.nn.Module, optimizer: Optimizers = None, *, step: int,
+         scheduler: Scheduler = None, save_optimizer: bool = True, extra_state: Optional[Mapping[str, Any]] = None,
+         async_save: Literal[False] = False, staging_bytes: None = None, **writer_options: Any) -> str: ...
+
+
+@overload
+def save(run_url: Union[str, "os.PathLike[str]"], model: torch.nn.Module, optimizer: Optimizers = None, *, step: int,
+         scheduler: Scheduler = None, save_optimizer: bool = True, extra_state: Optional[Mapping[str, Any]] = None,
+         async_save: Literal[True], staging_bytes: Optional[int] = None, **writer_options: Any) -> AsyncSave: ...
+
+
+@overload
+def save(run_url: Union[str, "os.PathLike[str]"], model: torch.nn.Module, optimizer: Optimizers = None, *, step: int,
+         scheduler: Scheduler = None, save_optimizer: bool = True, extra_state: Optional[Mapping[str, Any]] = None,
+         async_save: bool, staging_bytes: Optional[int] = None, **writer_options: Any) -> Union[str, AsyncSave]: ...
+
+
+def save(run_url: Union[str, "os.PathLike[str]"], model: torch.nn.Module, optimizer: Optimizers = None, *, step: int,
+         scheduler: Scheduler = None, save_optimizer: bool = True, extra_state: Optional[Mapping[str, Any]] = None,
+         async_save: bool = False, staging_bytes: Optional[int] = None,
+         **writer_options: Any) -> Union[str, AsyncSave]:
     """Write run_url/step-<8 digits>/, collectively over the default process
     group (or alone without one): the model, the optimizer (FQN keyed;
     unless save_optimizer=False, which still saves the step and the
@@ -209,7 +257,7 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     committed or raises the save's error, which the next save raises too.
     At most one save is in flight per process: a save first waits for the
     previous one."""
-    sd = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
+    sd: Dict[str, Any] = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
     record = "none"
     census = None
     if optimizer is not None:
@@ -238,12 +286,13 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
         # nothing reported it yet, is this save's error.
         prev.idle()
     try:
-        dcp.save(sd, storage_writer=StorageWriter(url, optimizer=record, census=census, **writer_options))
+        dcp_save(sd, storage_writer=StorageWriter(url, optimizer=record, census=census, **writer_options))
     except BaseException as e:  # torch's CheckpointException is a BaseException
-        if _interrupt(e) is not None:
+        interrupt = _interrupt(e)
+        if interrupt is not None:
             # Ctrl-C (or a cancellation) during the save: the uploads in
             # flight were aborted, nothing is committed.
-            raise _interrupt(e) from e
+            raise interrupt from e
         inner = _ckptkit_error(e)
         if inner is not None:
             # The storage layer's own error (ConflictError, NotFoundError,
@@ -253,7 +302,7 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     return url
 
 
-def _interrupt(exc):
+def _interrupt(exc: BaseException) -> Optional[BaseException]:
     """The KeyboardInterrupt or CanceledError that interrupted a save (exc
     itself, or what torch's CheckpointException wraps), or None."""
     if isinstance(exc, (KeyboardInterrupt, CanceledError)):
@@ -265,7 +314,7 @@ def _interrupt(exc):
     return None
 
 
-def _ckptkit_error(exc):
+def _ckptkit_error(exc: BaseException) -> Optional[CheckpointError]:
     """The ckptkit error a torch CheckpointException wraps (the first
     rank's that is one), or None."""
     for inner in (getattr(exc, "failures", None) or {}).values():
@@ -278,12 +327,15 @@ def _ckptkit_error(exc):
 _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
 
 
-def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, census=None):
+def _save_async(run_url: Union[str, "os.PathLike[str]"], url: str, sd: Dict[str, Any], step: int, record: str,
+                staging_bytes: Optional[int], writer_options: Mapping[str, Any],
+                census: Optional[Mapping[str, Optional[List[str]]]] = None) -> AsyncSave:
     unknown = set(writer_options) - _ASYNC_OPTIONS
     if unknown:
         raise UsageError(f"async_save=True takes {sorted(_ASYNC_OPTIONS)}, not {sorted(unknown)}")
     flat, _ = flatten_state_dict(sd)
-    tensors, values = [], {}
+    tensors: List[Tuple[Dict[str, Any], torch.Tensor]] = []
+    values: Dict[str, str] = {}
     for key, v in flat.items():
         if isinstance(v, torch.Tensor):
             local, shape, offsets = _local(v)
@@ -291,13 +343,13 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, c
             dt = _DTYPES.get(host.dtype)
             if dt is None:
                 raise UnsupportedError(f"{key}: dtype {host.dtype} is not supported")
-            entry = {"key": key, "dtype": dt, "shape": shape, "sizes": list(host.shape)}
+            entry: Dict[str, Any] = {"key": key, "dtype": dt, "shape": shape, "sizes": list(host.shape)}
             if offsets is not None:
                 entry["offsets"] = offsets
             tensors.append((entry, host))
         else:
             values[key] = base64.b64encode(_async.encode_value(key, v)).decode()
-    spec = {"bytes": values, "iteration": step, "no_save_optimizer": record == "omitted",
+    spec: Dict[str, Any] = {"bytes": values, "iteration": step, "no_save_optimizer": record == "omitted",
             "model_prefix": MODEL_KEY, "optimizer_prefix": OPTIMIZER_KEY,
             "overwrite": bool(writer_options.get("overwrite", False)),
             "concurrency": int(writer_options.get("concurrency", 0)),
@@ -310,16 +362,16 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, c
         # Ranks are processes: the Go saver of each coordinates through
         # objects under the run's _coord/ prefix, in a session rank 0 names.
         layout = _layout(run_url, step)
-        group = [None]
+        group: List[Optional[str]] = [None]
         if dist.get_rank() == 0:
-            group = [f"{layout['step_name']}-{uuid.uuid4().hex}"]
+            group = [f"{layout.step_name}-{uuid.uuid4().hex}"]
         dist.broadcast_object_list(group, src=0)
-        spec["coordinator"] = {"url": layout["coord_url"], "group": group[0],
+        spec["coordinator"] = {"url": layout.coord_url, "group": group[0],
                                "rank": dist.get_rank(), "world": dist.get_world_size()}
     return _async.saver_for(staging_bytes).save(url, spec, tensors)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResumeReport:
     """What resume did."""
 
@@ -332,16 +384,16 @@ class ResumeReport:
     checkpoint_step: int = 0
     #: FQNs whose optimizer state was wholly absent (never received a
     #: gradient before the save) and left fresh.
-    lazy_params: list = field(default_factory=list)
+    lazy_params: Tuple[str, ...] = ()
     #: False when the optimizer was not loaded (load_optimizer=False, or the
     #: checkpoint deliberately omitted it).
     optimizer_loaded: bool = False
     #: Newer checkpoints of the run that were skipped, with the reason
-    #: (dicts with url and reason): uncommitted or invalid ones, and those
-    #: whose data turned out damaged while loading.
-    skipped: list = field(default_factory=list)
+    #: (SkippedCheckpoint: url and reason): uncommitted or invalid ones,
+    #: and those whose data turned out damaged while loading.
+    skipped: Tuple[SkippedCheckpoint, ...] = ()
     #: Checkpoint keys nothing asked for.
-    extra_keys: list = field(default_factory=list)
+    extra_keys: Tuple[str, ...] = ()
     #: The Go loader's one-line summary.
     summary: str = ""
     #: Bytes read and read requests.
@@ -350,10 +402,10 @@ class ResumeReport:
     #: Param-group and scheduler fields (keys) the checkpoint lacks while it
     #: holds the others (saved by an older torch): they kept their current
     #: values (logged once, WARNING).
-    kept_fields: list = field(default_factory=list)
+    kept_fields: Tuple[str, ...] = ()
 
 
-def _scratch_optimizer(opt, groups):
+def _scratch_optimizer(opt: Optimizer, groups: List[Dict[str, Any]]) -> Any:
     """A new optimizer of opt's class over groups (scratch parameters, each
     group with opt's hyper-parameters), built by the class's own code: its
     constructor with opt's defaults, its constructor alone (every
@@ -362,9 +414,9 @@ def _scratch_optimizer(opt, groups):
     torch.optim.Optimizer has). Nothing of opt is shared but read-only
     hyper-parameter values: not its state, groups, hooks or step wrappers
     (an LRScheduler patches opt.step)."""
-    cls = type(opt)
+    cls: Any = type(opt)
     defaults = dict(getattr(opt, "defaults", None) or {})
-    errors = []
+    errors: List[str] = []
     for how in ("defaults", "groups", "setstate"):
         try:
             if how == "defaults":
@@ -380,7 +432,7 @@ def _scratch_optimizer(opt, groups):
                            f"({'; '.join(errors)}); load it with dcp.load(storage_reader=StorageReader(url)) instead")
 
 
-def _fresh_state(opt, names):
+def _fresh_state(opt: Optimizer, names: Mapping[int, str]) -> Dict[str, Dict[str, Any]]:
     """{fqn: fresh state} for the parameters of opt: each parameter's
     per-parameter state as the optimizer's own step creates it (the slots,
     their shapes, dtypes and devices, and non-tensor values), from one step
@@ -392,15 +444,17 @@ def _fresh_state(opt, names):
     stateless optimizer) are left out. The values are placeholders the load
     overwrites; the parameters without saved state (lazily absent) are not
     given any."""
-    pairs, groups, devices = [], [], set()
+    pairs: List[Tuple[str, torch.Tensor]] = []
+    groups: List[Dict[str, Any]] = []
+    devices: Set[int] = set()
     for g in opt.param_groups:
-        ps = []
+        ps: List[torch.Tensor] = []
         for p in g["params"]:
             q = torch.zeros_like(p.detach(), memory_format=torch.preserve_format)
             if p.requires_grad:
                 q.requires_grad_(True)
                 q.grad = torch.zeros_like(q)
-            if p.device.type == "cuda":
+            if p.device.type == "cuda" and p.device.index is not None:
                 devices.add(p.device.index)
             ps.append(q)
             pairs.append((names[id(p)], q))
@@ -415,7 +469,7 @@ def _fresh_state(opt, names):
         raise UnsupportedError(f"cannot learn {type(opt).__name__}'s fresh per-parameter state: its step with zero "
                                f"gradients on scratch parameters failed ({type(e).__name__}: {e}); load it with "
                                "dcp.load(storage_reader=StorageReader(url)) instead") from e
-    out = {}
+    out: Dict[str, Dict[str, Any]] = {}
     for fqn, q in pairs:
         st = scratch.state.get(q)
         if st:
@@ -423,23 +477,28 @@ def _fresh_state(opt, names):
     return out
 
 
-def _local(t):
+def _local(t: torch.Tensor) -> Tuple[torch.Tensor, List[int], Optional[List[int]]]:
     """(local tensor, global shape, offsets) of a tensor or DTensor."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import DTensor
-    if isinstance(t, DTensor):
-        try:
-            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-        except ImportError:
-            from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
-        _, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    dtensor, local_shape_and_offset = _dtensor_api()
+    if isinstance(t, dtensor):
+        _, offsets = local_shape_and_offset(t.shape, t.device_mesh, t.placements)
         return t.to_local(), list(t.shape), list(offsets)
     return t, list(t.shape), None
 
 
-def _like(v, template):
+def _dtensor_api() -> Tuple[Any, Any]:
+    """DTensor and compute_local_shape_and_global_offset of this torch
+    (torch.distributed.tensor; torch 2.4: torch.distributed._tensor)."""
+    try:
+        m = importlib.import_module("torch.distributed.tensor")
+        u = importlib.import_module("torch.distributed.tensor._utils")
+    except ImportError:  # torch 2.4
+        m = importlib.import_module("torch.distributed._tensor")
+        u = importlib.import_module("torch.distributed._tensor._utils")
+    return m.DTensor, u.compute_local_shape_and_global_offset
+
+
+def _like(v: Any, template: Any) -> Any:
     """A loaded value v with the Python types of the target's value template
     where the stored form lost them: the Go core hands values over as JSON,
     in which a float with an integral value reads back as an int (a
@@ -454,7 +513,7 @@ def _like(v, template):
     return v
 
 
-def _decode_bytes(raw):
+def _decode_bytes(raw: bytes) -> Any:
     if raw[:4] == b"PK\x03\x04":
         import io
 
@@ -462,24 +521,25 @@ def _decode_bytes(raw):
     return json.loads(raw)
 
 
-def _decode_values(rep, flat, where):
+def _decode_values(rep: LoadReport, flat: Mapping[str, Any], where: str) -> Dict[str, Any]:
     """The loaded bytes values of rep, decoded (torch.load with
     weights_only=True, or JSON) and typed like the target's values; a value
     that does not decode is a BadCheckpointError naming the key, the
     decoder's error chained."""
-    values = {}
-    for k, b64 in (rep["bytes"] or [{}])[0].items():
-        if b64 is None:
+    values: Dict[str, Any] = {}
+    for k, raw in (rep.byte_values[0] if rep.byte_values else {}).items():
+        if raw is None:
             continue
         try:
-            values[k] = _like(_decode_bytes(base64.b64decode(b64)), flat.get(k))
+            values[k] = _like(_decode_bytes(raw), flat.get(k))
         except Exception as e:
             raise BadCheckpointError(f"{where}: value {k!r} does not decode: {type(e).__name__}: {e}") from e
     return values
 
 
-def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, frozen=(), extra_state=None,
-           optimizer_prefix=OPTIMIZER_KEY, must_exist=False):
+def resume(url: str, model: torch.nn.Module, optimizer: Optimizers = None, *, scheduler: Scheduler = None,
+           load_optimizer: bool = True, frozen: Iterable[str] = (), extra_state: Optional[Dict[str, Any]] = None,
+           optimizer_prefix: str = OPTIMIZER_KEY, must_exist: bool = False) -> Optional[ResumeReport]:
     """Resume model, optimizer and scheduler from the checkpoint at url, or
     from the newest committed checkpoint of the run at url that verifies (as
     `ckpt latest`); returns a ResumeReport, or None when the run has no
@@ -525,12 +585,12 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     ck, run_url = _open_choice(url)
     try:
         if ck.none:
-            if ck.info.get("empty"):
+            if ck.info.empty:
                 if must_exist:
-                    raise NotFoundError(f"{ck.info.get('url') or url}: nothing is stored there (must_exist=True; check the URL)")
-                log.info("fresh start: nothing under %s", ck.info.get("url") or url)
+                    raise NotFoundError(f"{ck.info.url or url}: nothing is stored there (must_exist=True; check the URL)")
+                log.info("fresh start: nothing under %s", ck.info.url or url)
             else:
-                log.info("fresh start: no committed checkpoint under %s", ck.info.get("url") or url)
+                log.info("fresh start: no committed checkpoint under %s", ck.info.url or url)
             return None
         out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
                            run_url)
@@ -539,49 +599,50 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     if run_url and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # Every rank must resume from the same checkpoint: a rank whose own
         # data was damaged fell back further than the others.
-        steps = [None] * dist.get_world_size()
+        steps: List[int] = [0] * dist.get_world_size()
         dist.all_gather_object(steps, out.checkpoint_step)
         oldest = min(steps)
         if out.checkpoint_step != oldest:
-            skipped = out.skipped + [{"url": out.url, "reason": "another rank fell back to an older checkpoint"}]
+            skipped = out.skipped + (SkippedCheckpoint(url=out.url, reason="another rank fell back to an older checkpoint"),)
             ck = Checkpoint(step_url(run_url, oldest))
             try:
                 out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix,
                                    rank, None)
             finally:
                 ck.close()
-            out.skipped = skipped + out.skipped
+            out = replace(out, skipped=skipped + out.skipped)
     return out
 
 
-def _open_choice(url):
+def _open_choice(url: str) -> Tuple[Checkpoint, Optional[str]]:
     """Open the checkpoint to resume from, and the run URL when url is a run
     (the checkpoint was chosen from it); with a process group, rank 0
     chooses and the others open its choice."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         ck = Checkpoint(url)
-        return ck, (url if ck.info.get("name") else None)
-    choice = [None]
-    ck = None
+        return ck, (url if ck.info.name else None)
+    choice: List[Optional[str]] = [None]
+    mine: Optional[Checkpoint] = None
     if dist.get_rank() == 0:
-        ck = Checkpoint(url)
-        choice = ["" if ck.none else (ck.info.get("name") or "")]
+        mine = Checkpoint(url)
+        choice = ["" if mine.none else mine.info.name]
     dist.broadcast_object_list(choice, src=0)
     run_url = url if choice[0] else None
-    if ck is not None:
-        return ck, run_url
-    if choice[0] == "":
+    if mine is not None:
+        return mine, run_url
+    if not choice[0]:
         # rank 0 found no checkpoint, or url is a checkpoint itself.
         return Checkpoint(url), None
     base, sep, query = url.partition("?")
     return Checkpoint(f"{base.rstrip('/')}/{choice[0]}{sep}{query}"), run_url
 
 
-def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
-                 run_url=None):
+def _resume_from(ck: Checkpoint, model: torch.nn.Module, optimizer: Optimizers, scheduler: Scheduler,
+                 load_optimizer: bool, frozen: Iterable[str], extra_state: Optional[Dict[str, Any]],
+                 optimizer_prefix: str, rank: int, run_url: Optional[str] = None) -> ResumeReport:
     saved_keys = ck.keys()
     m = _unwrap(model)
-    target = {MODEL_KEY: m.state_dict()}
+    target: Dict[str, Any] = {MODEL_KEY: m.state_dict()}
     fqns = None
     opts = _optimizers(optimizer)
     if opts and load_optimizer:
@@ -590,7 +651,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         # Each parameter's expected slots are those of its own fresh state,
         # as its optimizer's code makes it (the Go loader judges each
         # parameter by the slots its target holds).
-        state = {}
+        state: Dict[str, Any] = {}
         for o in opts:
             state.update(_fresh_state(o, names))
         target[optimizer_prefix] = {"state": state, "param_groups": _optimizer_state(model, opts)["param_groups"]}
@@ -603,7 +664,10 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     flat, mapping = flatten_state_dict(target)
     kept = _absent_fields(flat, saved_keys, optimizer_prefix if fqns is not None else None)
 
-    tensors, bytes_keys, buffers, copies = [], [], [], []
+    tensors: List[Dict[str, Any]] = []
+    bytes_keys: List[str] = []
+    buffers: List[Optional[int]] = []
+    copies: List[Tuple[torch.Tensor, torch.Tensor]] = []
     for key, v in flat.items():
         if isinstance(v, torch.Tensor):
             local, shape, offsets = _local(v)
@@ -617,14 +681,15 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
             if dt is None:
                 raise UnsupportedError(f"{key}: dtype {dst.dtype} is not supported")
             nbytes = dst.numel() * dst.element_size()
-            spec = {"key": key, "dtype": dt, "shape": shape, "sizes": list(dst.shape), "nbytes": nbytes, "buf": len(buffers)}
+            entry: Dict[str, Any] = {"key": key, "dtype": dt, "shape": shape, "sizes": list(dst.shape), "nbytes": nbytes,
+                                     "buf": len(buffers)}
             if offsets is not None:
-                spec["offsets"] = offsets
+                entry["offsets"] = offsets
             buffers.append(dst.data_ptr() if nbytes else None)
-            tensors.append(spec)
+            tensors.append(entry)
         else:
             bytes_keys.append(key)
-    spec = {
+    spec: Dict[str, Any] = {
         "targets": [{"tensors": tensors, "bytes": bytes_keys}],
         "no_load_optimizer": not (optimizer is not None and load_optimizer),
         "model_prefix": MODEL_KEY,
@@ -655,16 +720,16 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     # Every rule is checked before any buffer is written, and every CRC
     # (without a fallback) too.
     rep = ck.load(spec, buffers)
-    for fb in rep["fallbacks"]:
-        msg = (f"checkpoint {fb['url']} is damaged ({fb['reason']}); resuming from the next older valid checkpoint, "
-               f"{rep['info']['url']}")
+    for fb in rep.fallbacks:
+        msg = (f"checkpoint {fb.url} is damaged ({fb.reason}); resuming from the next older valid checkpoint, "
+               f"{rep.info.url if rep.info is not None else rep.url}")
         # Once: a RuntimeWarning (logging.captureWarnings routes it to the
         # log); the log gets it at DEBUG only, not a second WARNING.
         log.debug("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    if rep.get("info"):
-        ck.info = rep["info"]
-        ck.url = ck.info["url"]
+    if rep.info is not None:
+        ck.info = rep.info
+        ck.url = ck.info.url
     for local, dst in copies:
         local.copy_(dst)
 
@@ -673,8 +738,8 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         flat[k] = v
     nested = unflatten_state_dict(flat, mapping)
 
-    lazy = list(rep["lazy_params"])
-    loaded_optim = bool(rep["optimizer_loaded"]) and optimizer is not None and load_optimizer
+    lazy = rep.lazy_params
+    loaded_optim = rep.optimizer_loaded and optimizer is not None and load_optimizer
     if loaded_optim:
         _apply_optimizer(model, opts, nested[optimizer_prefix], set(lazy))
     if scheduler is not None and SCHEDULER_KEY in nested:
@@ -682,21 +747,21 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         if opts and not loaded_optim:
             # The LR is part of the schedule: a fresh optimizer takes it over
             # (the scheduler's own optimizer, of a list).
-            sched_opt = getattr(scheduler, "optimizer", None)
+            sched_opt: Any = getattr(scheduler, "optimizer", None)
             if not any(sched_opt is o for o in opts):
                 sched_opt = opts[0]
             for g, lr in zip(sched_opt.param_groups, scheduler.get_last_lr()):
                 g["lr"] = lr
-    for k in extra_state or {}:
-        extra_state[k] = nested[k]
-    step = rep["iteration"]
+    if extra_state is not None:
+        for k in extra_state:
+            extra_state[k] = nested[k]
+    step = rep.iteration
     if STEP_KEY in nested and isinstance(nested[STEP_KEY], int):
         step = nested[STEP_KEY]
-    out = ResumeReport(step=int(step), url=ck.url, checkpoint_step=int(ck.info.get("step") or 0), lazy_params=lazy,
-                       optimizer_loaded=loaded_optim,
-                       skipped=ck.info.get("skipped") or [], extra_keys=list(rep["extra_keys"]),
-                       summary=rep["summary"], bytes_read=rep["bytes_read"],
-                       read_requests=rep["read_requests"], kept_fields=kept)
+    out = ResumeReport(step=int(step), url=ck.url, checkpoint_step=ck.info.step, lazy_params=lazy,
+                       optimizer_loaded=loaded_optim, skipped=ck.info.skipped, extra_keys=rep.extra_keys,
+                       summary=rep.summary, bytes_read=rep.bytes_read, read_requests=rep.read_requests,
+                       kept_fields=tuple(kept))
     if rank == 0:
         log.info("%s", out.summary)
         if kept:
@@ -705,7 +770,7 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     return out
 
 
-def _absent_fields(flat, saved_keys, optimizer_prefix):
+def _absent_fields(flat: Dict[str, Any], saved_keys: Set[str], optimizer_prefix: Optional[str]) -> List[str]:
     """Drop from flat (the load target) the param-group fields and scheduler
     fields that the checkpoint lacks while it holds others of its kind:
     those a newer torch added (torch 2.14's AdamW decoupled_weight_decay,
@@ -715,7 +780,7 @@ def _absent_fields(flat, saved_keys, optimizer_prefix):
     prefixes = [f"{SCHEDULER_KEY}."]
     if optimizer_prefix is not None:
         prefixes.append(f"{optimizer_prefix}.param_groups.")
-    dropped = []
+    dropped: List[str] = []
     for prefix in prefixes:
         if not any(k.startswith(prefix) for k in saved_keys):
             continue  # none of them saved: the Go loader says what that means
@@ -729,7 +794,7 @@ def _absent_fields(flat, saved_keys, optimizer_prefix):
     return sorted(dropped)
 
 
-def _apply_optimizer(model, optimizer, loaded, lazy):
+def _apply_optimizer(model: torch.nn.Module, optimizer: Optimizers, loaded: Mapping[str, Any], lazy: Set[str]) -> None:
     """Install the loaded optimizer state with each optimizer's own
     load_state_dict (the merged state of a list split back by each
     optimizer's param groups, which come in list order), leaving the lazily
@@ -742,7 +807,9 @@ def _apply_optimizer(model, optimizer, loaded, lazy):
     gi = 0
     for o in _optimizers(optimizer):
         fqns = _group_fqns(model, o)
-        state, groups, idx = {}, [], 0
+        state: Dict[int, Any] = {}
+        groups: List[Dict[str, Any]] = []
+        idx = 0
         for cur, names in zip(o.param_groups, fqns):
             g = dict(loaded["param_groups"][gi])
             gi += 1

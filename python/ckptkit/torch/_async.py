@@ -14,10 +14,12 @@ import logging
 import os
 import sys
 import threading
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from ckptkit import _lib, errors
+from ckptkit._wire import SaveResult, SaverStats
 from ckptkit.errors import CheckpointError, UsageError
 
 log = logging.getLogger("ckptkit")
@@ -26,7 +28,7 @@ log = logging.getLogger("ckptkit")
 STATES = ("staging", "staged", "committed", "failed")
 
 
-def default_staging_bytes():
+def default_staging_bytes() -> int:
     """The Go saver's default staging budget (saver.DefaultStagingBytes)."""
     return int(_lib.lib().ckpt_saver_default_staging_bytes())
 
@@ -37,28 +39,30 @@ class AsyncSaver(_lib.Closing):
     one save in flight, and the rule that a background failure is reported
     by the next save as well as by ``AsyncSave.wait``. Thread-safe."""
 
-    def __init__(self, staging_bytes=None):
+    def __init__(self, staging_bytes: Optional[int] = None) -> None:
         self._h = 0
         self._close_lock = threading.Lock()
-        self._last = None  # the newest AsyncSave
+        self._last: Optional[AsyncSave] = None  # the newest AsyncSave
         self.staging_bytes = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
         h = ctypes.c_size_t(0)
         _lib.call("ckpt_saver_new", self.staging_bytes, ctypes.byref(h))
         self._h = h.value
 
-    def _handle(self):
+    def _handle(self) -> int:
         h = self._h
         if not h:
             raise UsageError("the saver is closed")
         return h
 
-    def save(self, url, spec, tensors):
+    def save(self, url: str, spec: Mapping[str, Any],
+             tensors: Sequence[Tuple[Mapping[str, Any], torch.Tensor]]) -> "AsyncSave":
         """Start the save of one rank's state to the checkpoint url: spec is
         the C ABI's save spec (capi/saver.go saveSpec) without the
         tensors, tensors a list of (spec entry, contiguous CPU tensor).
         Returns an AsyncSave once the state is staged. Ctrl-C while it
         stages aborts it (nothing is committed)."""
-        entries, ptrs = [], []
+        entries: List[Dict[str, Any]] = []
+        ptrs: List[Optional[int]] = []
         for entry, t in tensors:
             nbytes = t.numel() * t.element_size()
             entry = dict(entry, nbytes=nbytes, buf=len(ptrs))
@@ -74,26 +78,26 @@ class AsyncSaver(_lib.Closing):
         self._last = AsyncSave(out.value, url)
         return self._last
 
-    def stats(self):
+    def stats(self) -> SaverStats:
         """The staging figures: budget_bytes, pool_bytes (allocated),
         held_bytes (now), peak_bytes (since the saver was created)."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_saver_stats", self._handle(), ctypes.byref(out))
-        return json.loads(_lib.take_string(out.value))
+        return SaverStats.from_json(_lib.take_string(out.value))
 
-    def idle(self):
+    def idle(self) -> None:
         """Wait for the save in flight; raise its error if it failed and no
         save reported it yet."""
         _lib.call("ckpt_saver_idle", self._handle(), 0)
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Abort the save in flight, if any: it fails with CanceledError and
         commits nothing."""
         h = self._h
         if h:
             _lib.call("ckpt_saver_cancel", h)
 
-    def close(self):
+    def close(self) -> None:
         """Wait for the save in flight and release the saver (idempotent);
         raises the save's error like idle()."""
         with self._close_lock:
@@ -110,29 +114,30 @@ class AsyncSave:
     ``wait(timeout=None)`` returns the checkpoint URL once committed, or
     raises the save's error (the ckptkit exception of its class);
     ``done()`` tells whether it has ended; ``status`` is "staged",
-    "committed" or "failed"; ``result`` (after wait) holds the Go saver's
-    figures: bytes_written, seconds (start to commit), stall_seconds (how
-    long save() blocked: waiting for the previous save, planning, staging).
+    "committed" or "failed"; ``result`` (after wait) is the Go saver's
+    figures, a :class:`~ckptkit.torch.SaveResult`: bytes_written, seconds
+    (start to commit), stall_seconds (how long save() blocked: waiting for
+    the previous save, planning, staging), ...
     """
 
-    def __init__(self, handle, url):
+    def __init__(self, handle: int, url: str) -> None:
         self._h = handle
         self.url = url
-        self.result = None
-        self._error = None
+        self.result: Optional[SaveResult] = None
+        self._error: Optional[CheckpointError] = None
         self._lock = threading.Lock()  # one wait() at a time
         # Guards the Go handle: status() may run while wait() blocks, and
         # must never query a handle wait() or __del__ released.
         self._hlock = threading.Lock()
         self._released = False
 
-    def _release(self):
+    def _release(self) -> None:
         with self._hlock:
             if not self._released:
                 self._released = True
                 _lib.call("ckpt_save_release", self._h)
 
-    def __del__(self):
+    def __del__(self) -> None:
         # A save never waited for still ends (and the next save reports a
         # failure); only the handle is let go.
         try:
@@ -141,7 +146,7 @@ class AsyncSave:
             pass
 
     @property
-    def status(self):
+    def status(self) -> str:
         """"staging", "staged", "committed" or "failed"."""
         if self.result is not None:
             return "committed"
@@ -154,11 +159,11 @@ class AsyncSave:
             _lib.call("ckpt_save_state", self._h, ctypes.byref(st))
         return STATES[st.value] if 0 <= st.value < len(STATES) else "failed"
 
-    def done(self):
+    def done(self) -> bool:
         """True once the save has committed or failed."""
         return self.status in ("committed", "failed")
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> str:
         """Wait for the commit (at most timeout seconds: TimeoutError after
         that, the save goes on) and return the checkpoint URL; raise the
         save's error if it failed. Waiting does not consume the error: the
@@ -178,22 +183,22 @@ class AsyncSave:
                 else:
                     if not done.value:
                         raise TimeoutError(f"the save to {self.url} has not ended after {timeout} s")
-                    self.result = json.loads(_lib.take_string(out.value))
+                    self.result = SaveResult.from_json(_lib.take_string(out.value))
                 if self.result is not None or self._error is not None:
                     self._release()
             if self._error is not None:
                 raise self._error
             return self.url
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<AsyncSave {self.url} {self.status}>"
 
 
-_saver = None
+_saver: Optional[AsyncSaver] = None
 _saver_lock = threading.Lock()
 
 
-def saver_for(staging_bytes):
+def saver_for(staging_bytes: Optional[int]) -> AsyncSaver:
     """The process's saver, with the staging budget asked for (None: the Go
     default). A different budget replaces it once its save in flight has
     ended (raising that save's failure if no save reported it yet)."""
@@ -208,12 +213,12 @@ def saver_for(staging_bytes):
         return _saver
 
 
-def current_saver():
+def current_saver() -> Optional[AsyncSaver]:
     """The process's saver, or None before the first asynchronous save."""
     return _saver
 
 
-def close():
+def close() -> None:
     """Wait for the asynchronous save in flight, if any, and release the
     process's saver; raise the save's error if it failed and no call
     reported it yet. A job calls it after its last save, before it reports
@@ -228,18 +233,18 @@ def close():
 #: The exit code of a job whose last asynchronous save failed at exit while
 #: it would otherwise have exited 0: the exit code of the error's class (as
 #: the ckpt CLI's, README "Exit codes").
-EXIT_CODES = {errors.BAD_CHECKPOINT: 1, errors.USAGE: 2, errors.NOT_FOUND: 3, errors.ACCESS: 4, errors.TRANSIENT: 5,
+EXIT_CODES: Dict[int, int] = {errors.BAD_CHECKPOINT: 1, errors.USAGE: 2, errors.NOT_FOUND: 3, errors.ACCESS: 4, errors.TRANSIENT: 5,
               errors.CONFLICT: 6, errors.UNSUPPORTED: 7, errors.CANCELED: 130}
 
 
-def _interrupted():
+def _interrupted() -> Optional[BaseException]:
     """The exception the interpreter is exiting with, when it is Ctrl-C or
     a cancellation (uncaught: the interpreter printed it), else None."""
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     return exc if isinstance(exc, (KeyboardInterrupt, errors.CanceledError)) else None
 
 
-def _at_exit():
+def _at_exit() -> None:
     # A job that ends right after an asynchronous save still commits it;
     # one interrupted by Ctrl-C (or a cancellation) aborts it instead, so
     # the interrupt stops the work promptly and nothing is committed. A
@@ -270,7 +275,7 @@ def _at_exit():
             # The job would end "successfully": it must not. (os._exit: an
             # exit handler cannot change the exit status otherwise; the
             # handlers registered before this one do not run.)
-            code = EXIT_CODES.get(getattr(e, "cls", None), 10)
+            code = EXIT_CODES.get(e.cls, 10) if isinstance(e, CheckpointError) else 10
             logging.shutdown()
             for f in (sys.stdout, sys.stderr):
                 try:
@@ -283,7 +288,7 @@ def _at_exit():
 atexit.register(_at_exit)
 
 
-def encode_value(key, v):
+def encode_value(key: str, v: object) -> bytes:
     """A non-tensor value as stored bytes: JSON when it has a JSON form,
     else a torch.save archive (weights_only loadable); resume decodes both."""
     try:
@@ -298,7 +303,7 @@ def encode_value(key, v):
     return buf.getvalue()
 
 
-def host_tensor(key, t):
+def host_tensor(key: str, t: torch.Tensor) -> torch.Tensor:
     """t (or its local shard) as a contiguous CPU tensor to stage from:
     itself when it already is one (no copy), else a copy."""
     t = t.detach()

@@ -14,6 +14,11 @@ import array
 import bisect
 import json
 import re
+from typing import Callable, Dict, Optional, Tuple, Union
+
+#: (object, offset, length) of an item.
+ItemKey = Tuple[str, int, int]
+_Arrays = Tuple["array.array[int]", "array.array[int]", "array.array[int]"]
 
 _ITEM = re.compile(rb'\{"object":"((?:[^"\\]|\\.)*)","offset":(\d+),"length":(\d+),"crc32c":(\d+)\}')
 _ITEMS_KEY = b'"items":['
@@ -22,10 +27,10 @@ _ITEMS_KEY = b'"items":['
 class ItemCRCs:
     """A read-only {(object, offset, length): crc32c} mapping (``get``)."""
 
-    def __init__(self):
-        self._by_object = {}  # object -> (offsets, lengths, crcs), sorted by (offset, length)
+    def __init__(self) -> None:
+        self._by_object: Dict[str, _Arrays] = {}  # object -> (offsets, lengths, crcs), sorted by (offset, length)
 
-    def _add(self, obj, offset, length, crc):
+    def _add(self, obj: str, offset: int, length: int, crc: int) -> None:
         arrs = self._by_object.get(obj)
         if arrs is None:
             arrs = self._by_object[obj] = (array.array("q"), array.array("q"), array.array("I"))
@@ -33,7 +38,7 @@ class ItemCRCs:
         arrs[1].append(length)
         arrs[2].append(crc)
 
-    def _sort(self):
+    def _sort(self) -> None:
         for obj, (offs, lens, crcs) in list(self._by_object.items()):
             n = len(offs)
             if all((offs[i], lens[i]) <= (offs[i + 1], lens[i + 1]) for i in range(n - 1)):
@@ -43,7 +48,7 @@ class ItemCRCs:
                                     array.array("q", (lens[i] for i in order)),
                                     array.array("I", (crcs[i] for i in order)))
 
-    def get(self, key, default=None):
+    def get(self, key: ItemKey, default: Optional[int] = None) -> Optional[int]:
         obj, offset, length = key
         arrs = self._by_object.get(obj)
         if arrs is None:
@@ -56,11 +61,16 @@ class ItemCRCs:
             i += 1
         return default
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(len(a[0]) for a in self._by_object.values())
 
 
-def read_item_crcs(data, fallback):
+#: What read_item_crcs returns: an ItemCRCs, or what fallback made of a
+#: body in another form.
+CRCMap = Union["ItemCRCs", Dict[ItemKey, int]]
+
+
+def read_item_crcs(data: bytes, fallback: Callable[[bytes], Dict[ItemKey, int]]) -> CRCMap:
     """The CRC32Cs of an integrity object's bytes (header already checked by
     the caller's rules: fallback(data) is decode_integrity, used for its
     checks and for a body not in the compact form)."""
@@ -76,7 +86,7 @@ def read_item_crcs(data, fallback):
         return fallback(data)
     pos = at + len(_ITEMS_KEY)
     out = ItemCRCs()
-    b = data if isinstance(data, bytes) else bytes(data)
+    b = data
     off = 64 + pos
     first = True
     while True:
@@ -103,7 +113,7 @@ def read_item_crcs(data, fallback):
     return out
 
 
-def _with_size(data):
+def _with_size(data: bytes) -> bytes:
     """data with its header's size field set to its length."""
     head = f"ckptkit-dcp-integrity/1 {len(data)}".ljust(63).encode() + b"\n"
     return head + data[64:]

@@ -29,10 +29,12 @@ import json
 import os
 import pickle
 import zipfile
+from typing import IO, Any, Callable, Dict, List, NoReturn, Optional, Union, cast
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(_HERE, "pickle_allowlist.json"), encoding="utf-8") as _f:
-    ALLOW_LIST = json.load(_f)["globals"]
+    #: module -> {name: kind} of the globals a pickle may name.
+    ALLOW_LIST: Dict[str, Dict[str, str]] = json.load(_f)["globals"]
 del _f
 
 MEM_FORMAT_MEMBERS = ("TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT")
@@ -49,7 +51,7 @@ _REFUSED_OPCODES = {
 class ForbiddenGlobalError(pickle.UnpicklingError):
     """A pickle names a global outside the allow-list (nothing was run)."""
 
-    def __init__(self, module, name):
+    def __init__(self, module: str, name: str) -> None:
         super().__init__(f"forbidden pickle global {module}.{name} (not on the allow-list; nothing is executed)")
         self.module = module
         self.name = name
@@ -59,35 +61,35 @@ class _Inert:
     """What an allowed class stands for, and what calling one builds: an
     object that records nothing and runs nothing."""
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args: object, **kwargs: object) -> "_Inert":
         return object.__new__(cls)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: object) -> None:
         pass
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: object, value: object) -> None:
         pass
 
-    def append(self, value):
+    def append(self, value: object) -> None:
         pass
 
-    def extend(self, values):
+    def extend(self, values: object) -> None:
         pass
 
-    def add(self, value):
+    def add(self, value: object) -> None:
         pass
 
 
-def _inert_function(*args, **kwargs):
+def _inert_function(*args: object, **kwargs: object) -> _Inert:
     return _Inert()
 
 
-def _standin(module, name, kind):
+def _standin(module: str, name: str, kind: str) -> Any:
     if kind == "getattr":
-        def restricted_getattr(obj, member, *rest):
+        def restricted_getattr(obj: object, member: str, *rest: object) -> _Inert:
             if rest or getattr(type(obj), "_ckptkit_kind", None) != "enum-class" or member not in MEM_FORMAT_MEMBERS:
                 raise ForbiddenGlobalError(module, f"getattr({type(obj).__name__}, {member!r})")
             return _Inert()
@@ -100,23 +102,32 @@ def _standin(module, name, kind):
     return type(name, (_Inert,), {"_ckptkit_kind": kind, "__module__": "ckptkit.torch._restricted"})
 
 
+#: An entry of the reference unpickler's opcode table.
+_Op = Callable[[pickle.Unpickler], None]
+
+
 class RestrictedUnpickler(pickle._Unpickler):
     """CPython's reference unpickler with the Go reader's allow-list,
     opcodes and memo rule; see the module docstring."""
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, file, *, persistent=False):
+    # CPython's reference unpickler's internals (typeshed leaves them out).
+    read: Callable[[int], bytes]
+    memo: Dict[int, Any]
+    stack: List[Any]
+
+    def __init__(self, file: IO[bytes], *, persistent: bool = False) -> None:
         super().__init__(file)
         self._persistent = persistent
 
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         kind = ALLOW_LIST.get(module, {}).get(name)
         if kind is None:
             raise ForbiddenGlobalError(module, name)
         return _standin(module, name, kind)
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: Any) -> _Inert:
         if not self._persistent:
             raise pickle.UnpicklingError("persistent id in a pickle that must not have one")
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
@@ -125,44 +136,44 @@ class RestrictedUnpickler(pickle._Unpickler):
             raise pickle.UnpicklingError("persistent id is not ('storage', <storage class>, key, location, numel)")
         return _Inert()
 
-    def _refuse(self):
+    def _refuse(self) -> NoReturn:
         raise pickle.UnpicklingError("pickle opcode refused by ckptkit's restricted unpickler")
 
     for _op in _REFUSED_OPCODES:
-        dispatch[_op[0]] = _refuse
+        dispatch[_op[0]] = cast(_Op, _refuse)
     del _op
 
-    def _load_proto(self):
+    def _load_proto(self) -> None:
         proto = self.read(1)[0]
         if not 2 <= proto <= 5:
             raise pickle.UnpicklingError(f"pickle protocol {proto} is not supported (2-5)")
         self.proto = proto
 
-    dispatch[pickle.PROTO[0]] = _load_proto
+    dispatch[pickle.PROTO[0]] = cast(_Op, _load_proto)
 
-    def _memo_put(self, i):
+    def _memo_put(self, i: int) -> None:
         if i > len(self.memo):
             raise pickle.UnpicklingError(f"memo index {i} skips ahead of the {len(self.memo)} entries so far")
         if not self.stack:
             raise pickle.UnpicklingError("stack underflow")
         self.memo[i] = self.stack[-1]
 
-    def _load_binput(self):
+    def _load_binput(self) -> None:
         self._memo_put(self.read(1)[0])
 
-    def _load_long_binput(self):
+    def _load_long_binput(self) -> None:
         self._memo_put(int.from_bytes(self.read(4), "little"))
 
-    dispatch[pickle.BINPUT[0]] = _load_binput
-    dispatch[pickle.LONG_BINPUT[0]] = _load_long_binput
+    dispatch[pickle.BINPUT[0]] = cast(_Op, _load_binput)
+    dispatch[pickle.LONG_BINPUT[0]] = cast(_Op, _load_long_binput)
 
 
-def check_pickle(data, *, persistent=False):
+def check_pickle(data: bytes, *, persistent: bool = False) -> None:
     """Unpickle data with RestrictedUnpickler, for its errors only."""
     RestrictedUnpickler(io.BytesIO(data), persistent=persistent).load()
 
 
-def item_pickle(item):
+def item_pickle(item: Union[bytes, memoryview]) -> bytes:
     """The data.pkl of a torch.save archive, as the Go reader finds it
     (interop/torchdcp openArchive), or pickle.UnpicklingError."""
     if bytes(item[:4]) != ZIP_MAGIC:
@@ -189,7 +200,7 @@ def item_pickle(item):
         raise pickle.UnpicklingError(f"data.pkl: {e}") from None
 
 
-def check_item(item):
+def check_item(item: Union[bytes, memoryview]) -> None:
     """Raise ForbiddenGlobalError or pickle.UnpicklingError unless item (a
     DCP bytes item: one torch.save archive) can be read by the restricted
     unpickler to its end; nothing in it is run."""
@@ -211,16 +222,16 @@ class MetadataUnpickler(pickle.Unpickler):
     Torch's planner needs the real Metadata, so this one builds it; the
     Go core's reading is the same (docs/TORCH_DCP.md, One grammar)."""
 
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         return real_global(module, name)
 
 
-def _is_mem_format_enum(obj):
+def _is_mem_format_enum(obj: object) -> bool:
     return (isinstance(obj, type) and obj.__name__ in ("MEM_FORMAT_ENCODING", "_MEM_FORMAT_ENCODING")
             and obj.__module__.startswith("torch.distributed."))
 
 
-def real_global(module, name, on_tensor=None):
+def real_global(module: str, name: str, on_tensor: Optional[Callable[[str, str], Any]] = None) -> Any:
     """The real object an allowed global names, for an unpickler that
     builds real objects (MetadataUnpickler; the differential test's
     reference reader): ``getattr`` restricted to the members of the
@@ -232,13 +243,13 @@ def real_global(module, name, on_tensor=None):
     if kind is None:
         raise ForbiddenGlobalError(module, name)
     if kind == "getattr":
-        def restricted_getattr(obj, member):
+        def restricted_getattr(obj: object, member: str) -> Any:
             if not _is_mem_format_enum(obj) or member not in MEM_FORMAT_MEMBERS:
                 raise ForbiddenGlobalError(module, f"getattr({getattr(obj, '__name__', type(obj).__name__)}, {member!r})")
             return getattr(obj, member)
         return restricted_getattr
     if kind == "codecs-encode":
-        def encode(s, encoding):
+        def encode(s: object, encoding: str) -> bytes:
             if not isinstance(s, str) or encoding not in ("latin1", "latin-1"):
                 raise pickle.UnpicklingError("_codecs.encode only decodes latin1 strings")
             return s.encode("latin-1")
@@ -250,6 +261,6 @@ def real_global(module, name, on_tensor=None):
     return getattr(importlib.import_module("builtins" if module == "__builtin__" else module), name)
 
 
-def load_metadata(data):
+def load_metadata(data: bytes) -> Any:
     """Unpickle a ``.metadata`` with MetadataUnpickler."""
     return MetadataUnpickler(io.BytesIO(data)).load()

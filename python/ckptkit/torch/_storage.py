@@ -38,11 +38,21 @@ import threading
 import time
 import uuid
 import warnings
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
 from torch.distributed.checkpoint.storage import StorageReader as _TorchStorageReader
 from torch.distributed.checkpoint.storage import StorageWriter as _TorchStorageWriter
 from torch.distributed.checkpoint.storage import WriteResult
@@ -50,9 +60,11 @@ from torch.futures import Future
 
 import ckptkit
 from ckptkit import _lib
+from ckptkit._lib import CancelScope
+from ckptkit._wire import CheckpointInfo, LoadReport
 from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
 
-from ._crcs import read_item_crcs
+from ._crcs import CRCMap, ItemKey, read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item, load_metadata
 from ._torchsave import locate_storage, view_tensor
 
@@ -75,21 +87,27 @@ HEAD_BYTES = 4096
 log = logging.getLogger("ckptkit")
 
 
-def _url_of(checkpoint_id):
+#: A checkpoint URL, or a local path.
+CheckpointID = Union[str, "os.PathLike[str]"]
+#: A census as census_members takes it.
+Census = Mapping[str, Any]
+
+
+def _url_of(checkpoint_id: CheckpointID) -> str:
     s = os.fspath(checkpoint_id)
     if "://" not in s:
         s = "file://" + os.path.abspath(s)
     return s
 
 
-def save_tag(save_id):
+def save_tag(save_id: object) -> str:
     """The short form of a save id that names a save's objects: its first
     SAVE_TAG_LEN characters without dashes when they are lowercase hex
     digits (a uuid4's are), else "" (no per-save names). The Go reader
     (interop/torchdcp SaveTag) applies the same rule."""
     if not isinstance(save_id, str):
         return ""
-    tag = []
+    tag: List[str] = []
     for ch in save_id:
         if len(tag) == SAVE_TAG_LEN:
             break
@@ -101,7 +119,7 @@ def save_tag(save_id):
     return "".join(tag) if len(tag) == SAVE_TAG_LEN else ""
 
 
-def integrity_key(save_id):
+def integrity_key(save_id: object) -> str:
     """The integrity object's key for the save save_id:
     ``.ckptkit-integrity.<tag>``, or the legacy ``.ckptkit-integrity``
     when the id has no tag."""
@@ -109,19 +127,20 @@ def integrity_key(save_id):
     return f"{INTEGRITY_KEY}.{tag}" if tag else INTEGRITY_KEY
 
 
-def _save_id_of(md):
+def _save_id_of(md: object) -> Optional[str]:
     """storage_meta.save_id of a DCP Metadata, or None."""
-    return getattr(getattr(md, "storage_meta", None), "save_id", None)
+    sid = getattr(getattr(md, "storage_meta", None), "save_id", None)
+    return sid if isinstance(sid, str) else None
 
 
 _CENSUS_MEMBERS = ("params", "slot_sets", "param_slots")
 
 
-def _bytewise(s):
+def _bytewise(s: str) -> bytes:
     return s.encode("utf-8", "surrogatepass")
 
 
-def census_members(census):
+def census_members(census: Census) -> Dict[str, Any]:
     """The census of an optimizer's state as the integrity object records it:
     {"params": the parameter FQNs, sorted bytewise, distinct; "slot_sets":
     the distinct slot-name lists, each non-empty and sorted bytewise without
@@ -139,21 +158,21 @@ def census_members(census):
                          f"{type(census).__name__}")
     if set(census) == set(_CENSUS_MEMBERS) and isinstance(census["param_slots"], (list, tuple)) \
             and all(isinstance(i, int) and not isinstance(i, bool) for i in census["param_slots"]):
-        params, sets, idx = list(census["params"]), list(census["slot_sets"]), list(census["param_slots"])
-        if len(params) != len(idx):
-            raise UsageError(f"census: {len(params)} params but {len(idx)} param_slots")
+        given, given_sets, idx = list(census["params"]), list(census["slot_sets"]), list(census["param_slots"])
+        if len(given) != len(idx):
+            raise UsageError(f"census: {len(given)} params but {len(idx)} param_slots")
         for i in idx:
-            if not -1 <= i < len(sets):
-                raise UsageError(f"census: param_slots index {i} outside slot_sets (0..{len(sets) - 1}, or -1)")
-        by_param = {}
-        for f, i in zip(params, idx):
+            if not -1 <= i < len(given_sets):
+                raise UsageError(f"census: param_slots index {i} outside slot_sets (0..{len(given_sets) - 1}, or -1)")
+        by_param: Dict[str, Any] = {}
+        for f, i in zip(given, idx):
             if not isinstance(f, str):
                 raise UsageError(f"census: parameter {f!r} is not a string")
             if f in by_param:
                 raise UsageError(f"census: parameter {f} listed twice")
-            by_param[f] = None if i < 0 else sets[i]
+            by_param[f] = None if i < 0 else given_sets[i]
         census = by_param
-    per = {}
+    per: Dict[str, Optional[Tuple[str, ...]]] = {}
     for f, slots in census.items():
         if not isinstance(f, str):
             raise UsageError(f"census: parameter {f!r} is not a string")
@@ -169,7 +188,9 @@ def census_members(census):
             names.add(n)
         per[f] = tuple(sorted(names, key=_bytewise)) or None
     params = sorted(per, key=_bytewise)
-    sets, index, param_slots = [], {}, []
+    sets: List[List[str]] = []
+    index: Dict[Tuple[str, ...], int] = {}
+    param_slots: List[int] = []
     for f in params:
         s = per[f]
         if not s:
@@ -182,12 +203,13 @@ def census_members(census):
     return {"params": params, "slot_sets": sets, "param_slots": param_slots}
 
 
-def encode_integrity(items, optimizer=None, census=None):
+def encode_integrity(items: Sequence[Mapping[str, Any]], optimizer: Optional[str] = None,
+                     census: Optional[Census] = None) -> bytes:
     """The integrity object's bytes: a 64-byte header line
     ``ckptkit-dcp-integrity/1 <size>`` and a JSON body (docs/TORCH_DCP.md).
     census (see census_members), when given, records the optimizer state's
     census: the members params, slot_sets and param_slots."""
-    body = {"algorithm": "crc32c", "items": items}
+    body: Dict[str, Any] = {"algorithm": "crc32c", "items": items}
     if optimizer:
         body["optimizer"] = optimizer
     if census is not None:
@@ -198,7 +220,7 @@ def encode_integrity(items, optimizer=None, census=None):
     return head.encode() + raw
 
 
-def decode_integrity(data, where="integrity object"):
+def decode_integrity(data: bytes, where: str = "integrity object") -> Tuple[Dict[ItemKey, int], Dict[str, Any]]:
     """The {(object, offset, length): crc32c} map and the body of an
     integrity object; where (its URL) names it in errors."""
     head = data[:INTEGRITY_HEADER_SIZE].decode("ascii", "replace")
@@ -220,7 +242,7 @@ class _StoredItem:
     offset: int
     length: int
     crc32c: int
-    save_id: str = None
+    save_id: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -266,8 +288,9 @@ class StorageWriter(_TorchStorageWriter):
     # not synchronize after starting the save.
     _synchronize_after_execute = False
 
-    def __init__(self, url, *, part_size=DEFAULT_PART_SIZE, concurrency=DEFAULT_CONCURRENCY, overwrite=False,
-                 optimizer=None, census=None):
+    def __init__(self, url: CheckpointID, *, part_size: int = DEFAULT_PART_SIZE,
+                 concurrency: int = DEFAULT_CONCURRENCY, overwrite: bool = False, optimizer: Optional[str] = None,
+                 census: Optional[Census] = None) -> None:
         super().__init__()
         # Checked and normalized now: a bad census fails before any write.
         self.census = None if census is None else census_members(census)
@@ -277,19 +300,20 @@ class StorageWriter(_TorchStorageWriter):
         self.overwrite = overwrite
         self.optimizer = optimizer
         self.save_id = str(uuid.uuid4())
-        self._store = None
-        self._staged = None  # the copy stage() made, reused by the next stage()
+        self.is_coordinator = False
+        self._store: Optional[ckptkit.Store] = None
+        self._staged: Optional[Dict[str, Any]] = None  # the copy stage() made, reused by the next stage()
         self._busy = threading.Lock()  # held from stage() to the end of finish()
-        self._previous = {}  # save id -> keys of the checkpoint an overwrite replaces
+        self._previous: Dict[str, Set[str]] = {}  # save id -> keys of the checkpoint an overwrite replaces
 
     # -- torch.distributed.checkpoint.staging.AsyncStager --------------------
 
     @property
-    def should_synchronize_after_execute(self):
+    def should_synchronize_after_execute(self) -> bool:
         """False: stage() returns once the copy is complete."""
         return self._synchronize_after_execute
 
-    def stage(self, state_dict):
+    def stage(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
         """The copy dcp.async_save writes in the background: every tensor,
         CPU ones included, copied into host memory (torch 2.6's default
         staging only moves tensors to the CPU, which leaves a CPU tensor
@@ -305,19 +329,20 @@ class StorageWriter(_TorchStorageWriter):
             self._staged = None
             self._staged = _create_cpu_state_dict(state_dict)
         try:
-            if not reuse:
+            staged = self._staged
+            if not reuse or staged is None:
                 # The previous save still reads the kept copy: a fresh one.
                 return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
-            return _copy_state_dict(state_dict, self._staged, type_check=False)
+            return _copy_state_dict(state_dict, staged, type_check=False)
         except BaseException:
             if reuse:
                 self._busy.release()
             raise
 
-    def synchronize_staging(self):
+    def synchronize_staging(self) -> None:
         """Nothing to wait for: stage() returns once the copy is done."""
 
-    def _staged_written(self):
+    def _staged_written(self) -> None:
         """The data is written: the kept copy may be reused."""
         if self._busy.locked():
             try:
@@ -327,27 +352,27 @@ class StorageWriter(_TorchStorageWriter):
 
     # -- torch.distributed.checkpoint.StorageWriter --------------------------
 
-    def reset(self, checkpoint_id=None):
+    def reset(self, checkpoint_id: Optional[CheckpointID] = None) -> None:
         if checkpoint_id:
             self.url = _url_of(checkpoint_id)
             self._close()
         self.save_id = str(uuid.uuid4())
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: CheckpointID) -> bool:
         return isinstance(checkpoint_id, str) and "://" in checkpoint_id
 
-    def set_up_storage_writer(self, is_coordinator):
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
         self._open()
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         st = self._open()
         if st.exists(METADATA_KEY) and not self.overwrite:
             raise ConflictError(f"a committed checkpoint already exists at {st.object_url(METADATA_KEY)} (overwrite=False)")
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         # The coordinator, once per save, after every rank's local plan and
         # before any rank writes: a fresh save id names every object of
         # this save, on every rank.
@@ -363,27 +388,27 @@ class StorageWriter(_TorchStorageWriter):
             st.delete(METADATA_KEY)
         return [dataclasses.replace(p, storage_data=_SavePrefix(f"__{i}_", save_id)) for i, p in enumerate(plans)]
 
-    def write_data(self, plan, planner):
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[WriteResult]]":
         st = self._open()
-        sp = plan.storage_data
+        sp: _SavePrefix = plan.storage_data
         tag = save_tag(sp.save_id)
         suffix = f".{tag}.distcp" if tag else ".distcp"
         # Bytes items first (small), then tensors, like FileSystemWriter.
         items = [wi for wi in plan.items if wi.type == WriteItemType.BYTE_IO]
         items += [wi for wi in plan.items if wi.type != WriteItemType.BYTE_IO]
-        results = []
+        results: List[WriteResult] = []
         lock = threading.Lock()
         # concurrency parts uploading plus one being filled, reused. A part
         # copies only the small writes (headers, bytes items); tensor bytes
         # are uploaded from the tensors themselves.
-        free = queue.Queue()
+        free: "queue.Queue[_Part]" = queue.Queue()
         for _ in range(self.concurrency + 1):
             free.put(_Part(1 << 20))
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-put")
-        futures = []
+        futures: List["concurrent.futures.Future[None]"] = []
         scope = _lib.CancelScope()
 
-        def upload(name, part):
+        def upload(name: str, part: _Part) -> None:
             try:
                 bufs, groups = part.body()
                 _, crcs = st.put(name, bufs, groups=groups, scope=scope)
@@ -397,7 +422,7 @@ class StorageWriter(_TorchStorageWriter):
                 free.put(part)
 
         count = 0
-        part = None
+        part: Optional[_Part] = None
         try:
             for wi in items:
                 if part is None:
@@ -420,14 +445,14 @@ class StorageWriter(_TorchStorageWriter):
             pool.shutdown(wait=True)
             scope.close()
             self._staged_written()
-        fut = Future()
+        fut: "Future[List[WriteResult]]" = Future()
         fut.set_result(results)
         return fut
 
-    def finish(self, metadata, results):
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         st = self._open()
-        storage_md = {}
-        items = []
+        storage_md: Dict[MetadataIndex, _StorageInfo] = {}
+        items: List[Dict[str, Any]] = []
         save_id = self.save_id
         for wr_list in results:
             for wr in wr_list:
@@ -459,7 +484,7 @@ class StorageWriter(_TorchStorageWriter):
         # Committed: the objects only the replaced checkpoint referenced go.
         self._remove(st, previous - own, "of the checkpoint this save replaced")
 
-    def _committed_objects(self, st):
+    def _committed_objects(self, st: ckptkit.Store) -> Set[str]:
         """The keys the checkpoint committed at this URL references (data
         files and integrity object), read through the Go core's restricted
         unpickler; an empty set when there is none or it cannot be read
@@ -472,7 +497,7 @@ class StorageWriter(_TorchStorageWriter):
             log.warning("overwrite %s: the replaced checkpoint cannot be read (%s); its objects are left in place", self.url, e)
             return set()
         try:
-            if ck.none or ck.info.get("name") or ck.info.get("format") != "torch-dcp":
+            if ck.none or ck.info.name or ck.info.format != "torch-dcp":
                 return set()  # not a DCP checkpoint at this very prefix
             md = ck.torch_metadata()
             keys = {info.relative_path for info in md.storage_data.values()}
@@ -480,12 +505,12 @@ class StorageWriter(_TorchStorageWriter):
         finally:
             ck.close()
 
-    def _remove(self, st, keys, what):
+    def _remove(self, st: ckptkit.Store, keys: Set[str], what: str) -> None:
         """Delete keys, concurrently, best effort: a failure is logged."""
         if not keys:
             return
 
-        def rm(key):
+        def rm(key: str) -> None:
             try:
                 st.delete(key)
             except ckptkit.CheckpointError as e:
@@ -494,23 +519,23 @@ class StorageWriter(_TorchStorageWriter):
         with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-delete") as ex:
             list(ex.map(rm, sorted(keys)))
 
-    def storage_meta(self):
+    def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.url, save_id=self.save_id)
 
     # -- helpers -------------------------------------------------------------
 
-    def _open(self):
+    def _open(self) -> ckptkit.Store:
         if self._store is None:
             self._store = ckptkit.Store(self.url)
         return self._store
 
-    def _close(self):
+    def _close(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = None
 
     @property
-    def checkpoint_id(self):
+    def checkpoint_id(self) -> str:
         return self.url
 
 
@@ -524,19 +549,21 @@ class _Part:
 
     _ZERO_COPY_MIN = 64 << 10
 
-    def __init__(self, cap):
+    def __init__(self, cap: int) -> None:
         self.buf = bytearray(cap)
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         self.pos = 0  # fill of buf
         self.size = 0  # bytes of the object so far
-        self.items = []  # (write item, offset, length)
-        self.segments = []  # [item index, "buf", start, end] or [item index, "raw", addr, n]
-        self.keep = []
+        self.items: List[Tuple[WriteItem, int, int]] = []  # (write item, offset, length)
+        # [item index, "buf", start, end] or [item index, "raw", addr, n]
+        self.segments: List[List[Any]] = []
+        self.keep: List[torch.Tensor] = []
         self.lo = self.hi = 0
+        self.item_start = 0
 
-    def begin(self, tensor=None):
+    def begin(self, tensor: Optional[torch.Tensor] = None) -> None:
         """Start the next item; tensor is the one torch.save is about to write."""
         self.item_start = self.size
         if tensor is not None:
@@ -546,10 +573,10 @@ class _Part:
         else:
             self.lo = self.hi = 0
 
-    def end(self, wi):
+    def end(self, wi: WriteItem) -> None:
         self.items.append((wi, self.item_start, self.size - self.item_start))
 
-    def write(self, b):
+    def write(self, b: Any) -> int:
         mv = memoryview(b).cast("B")
         n = mv.nbytes
         item = len(self.items)
@@ -574,26 +601,27 @@ class _Part:
         self.size += n
         return n
 
-    def flush(self):
+    def flush(self) -> None:
         pass
 
-    def tell(self):
+    def tell(self) -> int:
         return self.size
 
-    def writable(self):
+    def writable(self) -> bool:
         return True
 
-    def body(self):
+    def body(self) -> Tuple[List[Any], List[int]]:
         """(buffers, groups) for Store.put: each item one group."""
         whole = memoryview(self.buf)
-        bufs, groups = [], []
+        bufs: List[Any] = []
+        groups: List[int] = []
         for item, kind, a, b in self.segments:
             bufs.append(whole[a:b] if kind == "buf" else ckptkit.RawBuffer(a, b))
             groups.append(item)
         return bufs, groups
 
 
-def _same_layout(staged, state_dict):
+def _same_layout(staged: Any, state_dict: Any) -> bool:
     """Whether the staged copy has state_dict's keys and tensor shapes and
     dtypes (so it can take the next copy)."""
     if type(staged) is not type(state_dict) and not (isinstance(staged, dict) and isinstance(state_dict, dict)):
@@ -608,33 +636,44 @@ def _same_layout(staged, state_dict):
     return True
 
 
-def _estimate(wi):
+def _estimate(wi: WriteItem) -> int:
     """An item's serialized size, about (torch.save adds < 1 KiB)."""
     if wi.type == WriteItemType.BYTE_IO or wi.tensor_data is None:
         return 4096
     n = 1
     for d in wi.tensor_data.size:
         n *= d
-    return n * torch._utils._element_size(wi.tensor_data.properties.dtype) + 1024
+    return n * wi.tensor_data.properties.dtype.itemsize + 1024
 
 
-def _serialize_into(planner, wi, part):
+def _serialize_into(planner: SavePlanner, wi: WriteItem, part: _Part) -> None:
     """Append one item's stored bytes to part: the BytesIO of a bytes item,
     or torch.save of a tensor (its own storage only, like FileSystemWriter)."""
     data = planner.resolve_data(wi)
     if wi.type == WriteItemType.BYTE_IO:
+        if not isinstance(data, io.BytesIO):
+            raise TypeError(f"{wi.index.fqn}: the planner resolved a bytes item to {type(data).__name__}")
         part.begin()
         part.write(data.getbuffer())
         part.end(wi)
         return
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"{wi.index.fqn}: the planner resolved a tensor item to {type(data).__name__}")
     t = data.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     if t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone()
     part.begin(t)
-    torch.save(t, part)
+    # torch.save writes a file-like object through write, flush and tell.
+    torch.save(t, cast(IO[bytes], part))
     part.end(wi)
+
+
+#: A read-in-place candidate: (object, offset, length, request, target).
+_Candidate = Tuple[str, int, int, ReadItem, torch.Tensor]
+#: A coalesced read: [object, start, end, [(offset, length, request), ...]].
+_Read = List[Any]
 
 
 class StorageReader(_TorchStorageReader):
@@ -649,21 +688,21 @@ class StorageReader(_TorchStorageReader):
     most ``max_read`` bytes, ``concurrency`` at a time.
     """
 
-    def __init__(self, url, *, concurrency=DEFAULT_CONCURRENCY, max_read=DEFAULT_MAX_READ,
-                 in_place_min=DEFAULT_IN_PLACE_MIN):
+    def __init__(self, url: Union[CheckpointID, "Checkpoint"], *, concurrency: int = DEFAULT_CONCURRENCY,
+                 max_read: int = DEFAULT_MAX_READ, in_place_min: int = DEFAULT_IN_PLACE_MIN) -> None:
         super().__init__()
         self._given = url if isinstance(url, Checkpoint) else None
-        self.url = url.url if self._given else _url_of(url)
+        self.url = url.url if isinstance(url, Checkpoint) else _url_of(url)
         self.concurrency = max(1, int(concurrency))
         self.max_read = int(max_read)
         self.in_place_min = max(1, int(in_place_min))
-        self.last_read_stats = {}
+        self.last_read_stats: Dict[str, Any] = {}
         self._ckpt = self._given
-        self.storage_data = {}
-        self.crcs = None
+        self.storage_data: Dict[MetadataIndex, _StorageInfo] = {}
+        self.crcs: Optional[CRCMap] = None
         self.load_id = str(uuid.uuid4())
 
-    def reset(self, checkpoint_id=None):
+    def reset(self, checkpoint_id: Optional[CheckpointID] = None) -> None:
         self.storage_data = {}
         if checkpoint_id and _url_of(checkpoint_id) != self.url:
             self.url = _url_of(checkpoint_id)
@@ -672,10 +711,10 @@ class StorageReader(_TorchStorageReader):
         self.load_id = str(uuid.uuid4())
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: CheckpointID) -> bool:
         return isinstance(checkpoint_id, str) and "://" in checkpoint_id
 
-    def read_metadata(self):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         try:
             ck = self._checkpoint()
             md = ck.torch_metadata()
@@ -691,35 +730,37 @@ class StorageReader(_TorchStorageReader):
                 # on every torch version.
                 return _FailedMetadata(e)
             raise
-        if getattr(md, "storage_meta", None) is None:
-            md.storage_meta = StorageMeta()
-        md.storage_meta.load_id = self.load_id
+        sm = getattr(md, "storage_meta", None)
+        if sm is None:
+            sm = md.storage_meta = StorageMeta()
+        sm.load_id = self.load_id
         return md
 
-    def set_up_storage_reader(self, metadata, is_coordinator):
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if isinstance(metadata, _FailedMetadata):
             raise metadata.error
         self.storage_data = metadata.storage_data
         self.crcs = self._checkpoint().crcs()
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         return plans
 
-    def read_data(self, plan, planner):
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
         ck = self._checkpoint()
         t0 = time.perf_counter()
-        stats = self.last_read_stats = {"in_place_items": 0, "in_place_bytes": 0, "buffered_items": 0,
+        stats: Dict[str, Any] = {"in_place_items": 0, "in_place_bytes": 0, "buffered_items": 0,
                                         "buffered_bytes": 0, "around_bytes": 0, "calls": 0, "seconds": {}}
         # Tensors whose stored bytes can land in their target as they are
         # (a whole stored chunk, target contiguous on the CPU, same dtype
         # and shape) are read straight into it; the rest (bytes items,
         # small or resharded chunks, other layouts) through a read buffer.
-        resolved = {}  # id(req) -> the target resolve_tensor gave
-        rest = []
-        cands = []
+        self.last_read_stats = stats
+        resolved: Dict[int, torch.Tensor] = {}  # id(req) -> the target resolve_tensor gave
+        rest: List[ReadItem] = []
+        cands: List[_Candidate] = []
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             if req.type == LoadItemType.BYTE_IO or info.length < self.in_place_min \
@@ -742,11 +783,12 @@ class StorageReader(_TorchStorageReader):
                 self._read_buffered(ck, rest, planner, resolved, stats, scope)
         stats["seconds"].update(plan=t1 - t0 - sum(stats["seconds"].values()), buffered=time.perf_counter() - t1)
 
-        fut = Future()
+        fut: "Future[None]" = Future()
         fut.set_result(None)
         return fut
 
-    def _read_in_place(self, ck, cands, planner, stats, scope):
+    def _read_in_place(self, ck: "Checkpoint", cands: List[_Candidate], planner: LoadPlanner, stats: Dict[str, Any],
+                       scope: CancelScope) -> List[ReadItem]:
         """Read the candidates (path, offset, length, req, target) straight
         into their targets, in two batched calls: the first HEAD_BYTES of
         each item (where its storage record begins), then each item whole,
@@ -796,7 +838,7 @@ class StorageReader(_TorchStorageReader):
         stats["around_bytes"] += around
         t3 = time.perf_counter()
         for k, ((path, off, ln, req, dst, loc), (head, tail)) in enumerate(zip(go, spans)):
-            if check:
+            if crcs is not None:
                 self._check_crc(ck, req, path, off, ln, crcs[k])
             if not loc.confirm(sv[head[0]:head[1]], sv[tail[0]:tail[1]], ln):
                 rest.append(req)  # not the layout the head promised: read whole
@@ -807,30 +849,31 @@ class StorageReader(_TorchStorageReader):
         stats["seconds"].update(heads=t1 - t0, locate=t2 - t1, read=t3 - t2, confirm=time.perf_counter() - t3)
         return rest
 
-    def _check_crc(self, ck, req, path, off, ln, got):
+    def _check_crc(self, ck: "Checkpoint", req: ReadItem, path: str, off: int, ln: int, got: int) -> None:
         """Raise ChecksumError, naming key, object and offset, unless got is
         the CRC32C the integrity object records for the item."""
-        want = self.crcs.get((path, off, ln))
+        want = self.crcs.get((path, off, ln)) if self.crcs is not None else None
         if want is None or got != want:
             raise ChecksumError(
                 f"checksum mismatch: key {req.storage_index.fqn!r} in object {ck.object_url(path)} at offset {off} "
                 f"({ln} bytes): stored CRC32C {'none' if want is None else format(want, '08x')}, computed {got:08x}",
                 rule="checksum")
 
-    def _read_buffered(self, ck, reqs, planner, resolved, stats, scope):
+    def _read_buffered(self, ck: "Checkpoint", reqs: List[ReadItem], planner: LoadPlanner,
+                       resolved: Dict[int, torch.Tensor], stats: Dict[str, Any], scope: CancelScope) -> None:
         """Read reqs in coalesced ranged reads into reusable buffers, check
         each item and copy it into its target (or hand a bytes item to the
         planner). resolved holds the targets already resolved."""
-        per_file = {}
+        per_file: Dict[str, List[Tuple[int, int, ReadItem]]] = {}
         for req in reqs:
             info = self.storage_data[req.storage_index]
             per_file.setdefault(info.relative_path, []).append((info.offset, info.length, req))
         # Coalesce adjacent or overlapping item ranges into reads of at most
         # max_read bytes (one item larger than that is one read).
-        reads = []
+        reads: List[_Read] = []
         for path, items in per_file.items():
             items.sort(key=lambda r: r[0])
-            cur = None
+            cur: Optional[_Read] = None
             for off, ln, req in items:
                 if cur and off <= cur[2] and max(cur[2], off + ln) - cur[1] <= self.max_read:
                     cur[2] = max(cur[2], off + ln)
@@ -842,7 +885,7 @@ class StorageReader(_TorchStorageReader):
         lock = threading.Lock()
         local = threading.local()
 
-        def run(r):
+        def run(r: _Read) -> None:
             path, start, end, reqs = r
             # One reusable read buffer per thread (uninitialised memory, so
             # no page is zeroed or faulted in twice); every view of it is
@@ -856,11 +899,14 @@ class StorageReader(_TorchStorageReader):
             # segments whose CRC32Cs the Go core computes as the bytes land;
             # overlapping ones (never written by a DCP planner) are checked
             # after the read.
-            got_crcs = {}
-            seg_lens, seg_items, pos = [], [], start
+            got_crcs: Dict[Tuple[int, int], int] = {}
+            seg_lens: List[int] = []
+            seg_items: List[Optional[Tuple[int, int]]] = []
+            pos = start
+            overlapping = False
             for off, ln, req in reqs:
                 if off < pos:
-                    seg_lens = None
+                    overlapping = True
                     break
                 if off > pos:
                     seg_lens.append(off - pos)
@@ -868,7 +914,7 @@ class StorageReader(_TorchStorageReader):
                 seg_lens.append(ln)
                 seg_items.append((off, ln))
                 pos = off + ln
-            if seg_lens is not None and self.crcs is not None:
+            if not overlapping and self.crcs is not None:
                 if pos < end:
                     seg_lens.append(end - pos)
                     seg_items.append(None)
@@ -924,21 +970,21 @@ class StorageReader(_TorchStorageReader):
                     raise
 
     @property
-    def checkpoint_id(self):
+    def checkpoint_id(self) -> str:
         return self.url
 
-    def _checkpoint(self):
+    def _checkpoint(self) -> "Checkpoint":
         if self._ckpt is None:
             self._ckpt = Checkpoint(self.url)
         return self._ckpt
 
-    def _close(self):
+    def _close(self) -> None:
         if self._ckpt is not None and self._ckpt is not self._given:
             self._ckpt.close()
         self._ckpt = None
 
 
-def _check_bytes_item(item, key, object_url, offset):
+def _check_bytes_item(item: memoryview, key: str, object_url: str, offset: int) -> None:
     """Raise BadCheckpointError, naming key and the global or the problem,
     unless the bytes item reads with the restricted unpickler (_restricted)."""
     try:
@@ -958,12 +1004,12 @@ class _FailedMetadata(Metadata):
     reading the metadata failed: no state at all, and the error, which
     set_up_storage_reader raises."""
 
-    def __init__(self, error):
+    def __init__(self, error: Exception) -> None:
         super().__init__(state_dict_metadata={})
         self.error = error
 
 
-def _called_by_dcp_loader():
+def _called_by_dcp_loader() -> bool:
     """Whether StorageReader.read_metadata's caller is torch's DCP loader
     (torch.distributed.checkpoint.state_dict_loader), which calls
     set_up_storage_reader with the metadata before anything else of the
@@ -972,12 +1018,12 @@ def _called_by_dcp_loader():
     return f is not None and f.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict_loader"
 
 
-def _addr(buf):
+def _addr(buf: bytearray) -> int:
     """The address of a bytearray's first byte (kept alive by the caller)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
-def _narrow(t, offsets, lengths):
+def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
     for dim, (off, ln) in enumerate(zip(offsets, lengths)):
         if off != 0 or ln != t.size(dim):
             t = t.narrow(dim, off, ln)
@@ -990,40 +1036,41 @@ class Checkpoint(_lib.Closing):
     once, at open; ``info`` says which checkpoint it is (``none`` True when a
     run has no committed checkpoint)."""
 
-    def __init__(self, url):
+    def __init__(self, url: CheckpointID) -> None:
         self._h = 0
         self._close_lock = threading.Lock()
         h = ctypes.c_size_t(0)
         info = ctypes.c_void_p()
         _lib.call("ckpt_checkpoint_open", _url_of(url).encode(), _lib.environment(), ctypes.byref(h), ctypes.byref(info))
         self._h = h.value
-        self.info = json.loads(_lib.take_string(info.value))
-        self.url = self.info["url"]
-        self._md = None
-        self._crcs = False
+        self.info = CheckpointInfo.from_json(_lib.take_string(info.value))
+        self.url = self.info.url
+        self._md: Optional[Metadata] = None
+        self._crcs_read = False
+        self._crcs: Optional[CRCMap] = None
         self._store = ckptkit.Store._from_handle(h.value, self.url)
 
     @property
-    def none(self):
+    def none(self) -> bool:
         """True when the run holds no committed checkpoint."""
-        return bool(self.info.get("none"))
+        return self.info.none
 
-    def raw_metadata(self):
+    def raw_metadata(self) -> bytes:
         """The metadata object's bytes, as read at open."""
         out = ctypes.c_void_p()
         n = ctypes.c_int64(0)
         _lib.call("ckpt_checkpoint_metadata", self._handle(), ctypes.byref(out), ctypes.byref(n))
         return _lib.take_bytes(out.value, n.value)
 
-    def torch_metadata(self):
+    def torch_metadata(self) -> Metadata:
         """The DCP Metadata, unpickled from the bytes read at open. The Go
         core has already decoded them with its restricted unpickler (only
         DCP classes and plain values); Python unpickles them with the same
         allow-list (_restricted.MetadataUnpickler), and any failure is a
         BadCheckpointError."""
         if self._md is None:
-            if self.info.get("format") != "torch-dcp":
-                raise UnsupportedError(f"{self.url} is a {self.info.get('format')} checkpoint, not DCP")
+            if self.info.format != "torch-dcp":
+                raise UnsupportedError(f"{self.url} is a {self.info.format} checkpoint, not DCP")
             try:
                 md = load_metadata(self.raw_metadata())
             except (pickle.UnpicklingError, ImportError, AttributeError, TypeError, ValueError, RuntimeError,
@@ -1035,23 +1082,23 @@ class Checkpoint(_lib.Closing):
             self._md = md
         return self._md
 
-    def keys(self):
+    def keys(self) -> Set[str]:
         """The keys the checkpoint holds (tensors and byte values), from the
         metadata read at open: DCP's or ckptkit's native one (the format
         async saves write)."""
-        if self.info.get("format") == "torch-dcp":
+        if self.info.format == "torch-dcp":
             return set(self.torch_metadata().state_dict_metadata)
         md = json.loads(self.raw_metadata())
         return {e["key"] for e in (md.get("tensors") or []) + (md.get("bytes") or [])}
 
-    def crcs(self):
+    def crcs(self) -> Optional[CRCMap]:
         """{(object, offset, length): crc32c} from the integrity object of the
         save that committed the metadata (integrity_key of its
         storage_meta.save_id, else the legacy fixed name, as the Go reader
         finds it), or None when the checkpoint has none (written by torch
         itself)."""
-        if self._crcs is False:
-            self._crcs = None
+        if not self._crcs_read:
+            self._crcs_read = True
             md = self.torch_metadata()
             keys = list(dict.fromkeys([integrity_key(_save_id_of(md)), INTEGRITY_KEY]))
             for key in keys:
@@ -1061,7 +1108,10 @@ class Checkpoint(_lib.Closing):
                     continue
                 where = self.object_url(key)
                 # In about the object's size (not json's dict per item).
-                self._crcs = read_item_crcs(data, lambda d, where=where: decode_integrity(d, where)[0])
+                def by_json(d: bytes, where: str = where) -> Dict[ItemKey, int]:
+                    return decode_integrity(d, where)[0]
+
+                self._crcs = read_item_crcs(data, by_json)
                 del data
                 break
             tag = save_tag(_save_id_of(md))
@@ -1075,16 +1125,19 @@ class Checkpoint(_lib.Closing):
                     f"{tag}, which ckptkit writes with its CRC32Cs")
         return self._crcs
 
-    def read_into(self, key, offset, buf, *, scope=None):
+    def read_into(self, key: str, offset: int, buf: ckptkit.Buffer, *, scope: Optional[CancelScope] = None) -> int:
         """Read len(buf) bytes of data object key at offset into buf."""
         return self._store.read_into(key, offset, buf, scope=scope)
 
-    def read_segments(self, key, offset, buf, lengths, *, scope=None):
+    def read_segments(self, key: str, offset: int, buf: ckptkit.Buffer, lengths: Sequence[int], *,
+                      scope: Optional[CancelScope] = None) -> List[int]:
         """Read consecutive segments of data object key into buf and return
         their CRC32Cs (see Store.read_segments)."""
         return self._store.read_segments(key, offset, buf, lengths, scope=scope)
 
-    def read_items(self, items, concurrency, check=True, keys=None, *, scope=None):
+    def read_items(self, items: Sequence[Tuple[str, int, Sequence[Tuple[int, int]]]], concurrency: int,
+                   check: bool = True, keys: Optional[Sequence[str]] = None, *,
+                   scope: Optional[CancelScope] = None) -> Optional[List[int]]:
         """Read items, each (object key, offset, [(address, length), ...]):
         one ranged read of the segments' total length whose bytes land in
         the segments (C memory the caller keeps alive) in turn, up to
@@ -1111,29 +1164,29 @@ class Checkpoint(_lib.Closing):
                 e.args = (f"key {keys[failed.value]!r}: {e.args[0]}",) + e.args[1:]
                 e.message = e.args[0]
             raise
-        return list(crcs) if check else None
+        return list(crcs) if crcs is not None else None
 
-    def object_url(self, key=""):
+    def object_url(self, key: str = "") -> str:
         """The redacted URL of an object of the checkpoint."""
         return self._store.object_url(key)
 
-    def load(self, spec, buffers):
+    def load(self, spec: Mapping[str, Any], buffers: Sequence[Optional[int]]) -> LoadReport:
         """Run the Go loader (every resume rule, every CRC, before any
         buffer changes) on spec (see capi/checkpoint.go loadSpec) into the
-        C buffers (addresses) listed in buffers."""
+        C buffers (addresses) listed in buffers; its report."""
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
         _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
-        return json.loads(_lib.take_string(out.value))
+        return LoadReport.from_json(_lib.take_string(out.value))
 
-    def _handle(self):
+    def _handle(self) -> int:
         h = self._h
         if not h:
             raise ckptkit.UsageError(f"checkpoint {self.url} is closed")
         return h
 
-    def close(self):
+    def close(self) -> None:
         """Release the checkpoint (idempotent, thread-safe): waits for the
         calls in flight on it; later calls raise UsageError."""
         with self._close_lock:

@@ -17,8 +17,14 @@ import collections
 import io
 import pickle
 import struct
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
+
+#: A view of an archive's bytes (or the bytes themselves).
+_Bytes = Union[bytes, memoryview]
+#: A zip entry: (local header offset, size, method).
+_Entry = Tuple[int, int, int]
 
 _STORAGE_DTYPES = {
     "FloatStorage": torch.float32,
@@ -37,15 +43,23 @@ _STORAGE_DTYPES = {
 class _Rebuilt:
     __slots__ = ("key", "dtype", "offset", "size", "stride")
 
+    key: str
+    dtype: torch.dtype
+    offset: int
+    size: Tuple[int, ...]
+    stride: Tuple[int, ...]
+
 
 class _Storage:
     __slots__ = ("dtype",)
 
-    def __init__(self, dtype):
+    def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
 
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
+def _rebuild_tensor_v2(storage: Tuple[str, torch.dtype], storage_offset: int, size: Sequence[int],
+                       stride: Sequence[int], requires_grad: bool = False, backward_hooks: object = None,
+                       metadata: object = None) -> _Rebuilt:
     r = _Rebuilt()
     r.key, r.dtype = storage
     r.offset, r.size, r.stride = storage_offset, tuple(size), tuple(stride)
@@ -53,7 +67,7 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
 
 
 class _Unpickler(pickle.Unpickler):
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         if module == "torch._utils" and name == "_rebuild_tensor_v2":
             return _rebuild_tensor_v2
         if module == "torch" and name in _STORAGE_DTYPES:
@@ -62,13 +76,13 @@ class _Unpickler(pickle.Unpickler):
             return collections.OrderedDict
         raise pickle.UnpicklingError(f"{module}.{name}")
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: Any) -> Tuple[str, torch.dtype]:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _Storage)):
             raise pickle.UnpicklingError("persistent id")
         return (str(pid[2]), pid[1].dtype)
 
 
-def _entries(mv, base=0):
+def _entries(mv: _Bytes, base: int = 0) -> Optional[Dict[str, _Entry]]:
     """{name: (local header offset, size, method)} from the central directory,
     or None for anything unusual (zip64 sizes, comments, ...). mv holds the
     archive's bytes from offset base to its end (base > 0: its tail only,
@@ -88,7 +102,7 @@ def _entries(mv, base=0):
     if cd_off < base or cd_off + cd_size > base + n:
         return None
     cd = bytes(mv[cd_off - base : cd_off - base + cd_size])
-    out = {}
+    out: Dict[str, _Entry] = {}
     p = 0
     for _ in range(count):
         if cd[p : p + 4] != b"PK\x01\x02":
@@ -104,7 +118,7 @@ def _entries(mv, base=0):
     return out
 
 
-def _data(mv, entry, base=0):
+def _data(mv: _Bytes, entry: _Entry, base: int = 0) -> Optional[_Bytes]:
     """A stored zip record's bytes (entry: its local header's archive offset,
     size, method), mv holding the archive from offset base; None when it is
     not a stored record wholly inside mv."""
@@ -119,7 +133,7 @@ def _data(mv, entry, base=0):
     return mv[start : start + size]
 
 
-def view_tensor(mv):
+def view_tensor(mv: memoryview) -> Optional[torch.Tensor]:
     """The tensor stored in the torch.save archive mv (a writable
     memoryview), as a view of mv, or None when the archive is not the plain
     one-tensor, one-storage, little-endian layout."""
@@ -134,7 +148,10 @@ def view_tensor(mv):
         bo = ents.get(top + "byteorder")
         if bo is not None and bytes(_data(mv, bo) or b"") != b"little":
             return None
-        r = _Unpickler(io.BytesIO(bytes(_data(mv, ents[pkl[0]])))).load()
+        pkl_bytes = _data(mv, ents[pkl[0]])
+        if pkl_bytes is None:
+            return None
+        r = _Unpickler(io.BytesIO(bytes(pkl_bytes))).load()
         if not isinstance(r, _Rebuilt):
             return None
         ent = ents.get(f"{top}data/{r.key}")
@@ -162,7 +179,15 @@ class Located:
 
     __slots__ = ("start", "end", "dtype", "size", "head", "_pkl", "_storage")
 
-    def confirm(self, head, tail, total):
+    start: int
+    end: int
+    dtype: torch.dtype
+    size: Tuple[int, ...]
+    head: bytes
+    _pkl: Tuple[str, _Entry]
+    _storage: Tuple[str, _Entry]
+
+    def confirm(self, head: _Bytes, tail: _Bytes, total: int) -> bool:
         """Whether an archive of total bytes whose first bytes are head and
         whose bytes from end on are tail is the archive this was located in:
         the same head, and a central directory (in tail) that names the same
@@ -199,7 +224,7 @@ class Located:
             return False
 
 
-def _contiguous(size, stride):
+def _contiguous(size: Sequence[int], stride: Sequence[int]) -> bool:
     want = 1
     for d in range(len(size) - 1, -1, -1):
         if size[d] != 1 and stride[d] != want:
@@ -208,7 +233,7 @@ def _contiguous(size, stride):
     return True
 
 
-def locate_storage(head):
+def locate_storage(head: _Bytes) -> Optional[Located]:
     """A Located for the torch.save archive whose first bytes are head (a
     buffer), or None. The archive must start with its data.pkl record, a
     one-tensor pickle the restricted unpickler reads (contiguous, from
@@ -222,8 +247,10 @@ def locate_storage(head):
     try:
         hb = bytes(memoryview(head).cast("B"))
         p = 0
-        pkl = r = top = None
-        byteorder = None
+        pkl: Optional[Tuple[str, _Entry]] = None
+        r: Optional[_Rebuilt] = None
+        top = ""
+        byteorder: Optional[bytes] = None
         while p + 30 <= len(hb):
             sig, _, flags, method, _, _, _, csize, usize, nlen, elen = _LOCAL.unpack_from(hb, p)
             if sig != b"PK\x03\x04" or method != 0 or csize != usize or usize == 0xFFFFFFFF:
@@ -236,12 +263,12 @@ def locate_storage(head):
                     return None
                 top = name[: -len("data.pkl")]
                 bio = io.BytesIO(hb[start:] if desc else hb[start : start + usize])
-                r = _Unpickler(bio).load()
+                got = _Unpickler(bio).load()
                 size = bio.tell()
-                if not isinstance(r, _Rebuilt) or r.offset != 0 or not _contiguous(r.size, r.stride):
+                if not isinstance(got, _Rebuilt) or got.offset != 0 or not _contiguous(got.size, got.stride):
                     return None
-                pkl = (name, (p, size, 0))
-            elif name == f"{top}data/{r.key}":
+                r, pkl = got, (name, (p, size, 0))
+            elif r is not None and name == f"{top}data/{r.key}":
                 numel = 1
                 for d in r.size:
                     numel *= d
@@ -256,9 +283,10 @@ def locate_storage(head):
             elif name.endswith("/data.pkl") or name.startswith(f"{top}data/"):
                 return None  # a second pickle, or another storage first
             elif desc:
-                size = _described_size(hb, start)
-                if size is None:
+                described = _described_size(hb, start)
+                if described is None:
                     return None
+                size = described
             else:
                 size = usize
             end = start + size
@@ -277,7 +305,7 @@ def locate_storage(head):
         return None
 
 
-def _described_size(hb, start, limit=4096):
+def _described_size(hb: bytes, start: int, limit: int = 4096) -> Optional[int]:
     """The size of a small record starting at start and followed by a data
     descriptor (the first descriptor signature whose sizes equal its
     distance from start), or None."""
