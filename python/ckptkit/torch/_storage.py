@@ -51,7 +51,7 @@ from torch.futures import Future
 
 import ckptkit
 from ckptkit import _lib
-from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
+from ckptkit.errors import ChecksumError, ConflictError, NotFoundError, UnsupportedError, UsageError
 
 from ._crcs import read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item, load_metadata
@@ -1052,6 +1052,8 @@ class Checkpoint(_lib.Closing):
         allow-list (_restricted.MetadataUnpickler), and any failure is a
         BadCheckpointError."""
         if self._md is None:
+            if self.none:
+                raise NotFoundError(f"{self.url}: no committed checkpoint is stored there (check the URL)")
             if self.info.get("format") != "torch-dcp":
                 raise UnsupportedError(f"{self.url} is a {self.info.get('format')} checkpoint, not DCP")
             try:
