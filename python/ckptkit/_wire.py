@@ -315,8 +315,10 @@ class SaveResult(_Wire):
     written (data and metadata), seconds from start to commit, how long
     save() blocked (``stall_seconds``: waiting for the previous save,
     planning, staging) and waited for the previous save
-    (``waited_seconds``), and a warning ("" when none: a cleanup that
-    failed after the commit)."""
+    (``waited_seconds``), how long the save read the caller's tensors
+    (``staging_seconds``: planning and the copy into the pool, most of it
+    after save() returned when it overlaps), and a warning ("" when none: a
+    cleanup that failed after the commit)."""
 
     url: str
     bytes_written: int
@@ -324,10 +326,11 @@ class SaveResult(_Wire):
     seconds: float
     stall_seconds: float
     waited_seconds: float
+    staging_seconds: float
     warning: str
 
     WIRE: ClassVar[Mapping[str, str]] = _names("url", "bytes_written", "metadata_bytes", "seconds", "stall_seconds",
-                                               "waited_seconds", "warning")
+                                               "waited_seconds", "staging_seconds", "warning")
     OMITTED: ClassVar[Mapping[str, Any]] = MappingProxyType({"warning": ""})
 
     @classmethod
@@ -335,7 +338,8 @@ class SaveResult(_Wire):
         d = _Doc(doc, cls)
         return cls(url=d.text("url"), bytes_written=d.integer("bytes_written"), metadata_bytes=d.integer("metadata_bytes"),
                    seconds=d.number("seconds"), stall_seconds=d.number("stall_seconds"),
-                   waited_seconds=d.number("waited_seconds"), warning=d.text("warning"))
+                   waited_seconds=d.number("waited_seconds"), staging_seconds=d.number("staging_seconds"),
+                   warning=d.text("warning"))
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ CALLS = {
                                            ctypes.byref(ctypes.c_size_t())),
     "ckpt_save_state": lambda h: _lib.call("ckpt_save_state", h, ctypes.byref(ctypes.c_int())),
     "ckpt_save_wait": lambda h: _lib.call("ckpt_save_wait", h, 0, ctypes.byref(ctypes.c_int()), ctypes.byref(p())),
+    "ckpt_save_wait_staged": lambda h: _lib.call("ckpt_save_wait_staged", h, 0, ctypes.byref(ctypes.c_int())),
     "ckpt_save_release": lambda h: _lib.call("ckpt_save_release", h),
     "ckpt_saver_cancel": lambda h: _lib.call("ckpt_saver_cancel", h),
     "ckpt_saver_stats": lambda h: _lib.call("ckpt_saver_stats", h, ctypes.byref(p())),
@@ -252,7 +253,7 @@ def test_live_json_matches_the_golden_names(tmp_path):
     # The same names come out of the real library, read by the same
     # dataclasses (a missing name would raise).
     import torch
-    from ckptkit.torch import Checkpoint, CheckpointInfo, LoadReport, SaverStats, save, step_url
+    from ckptkit.torch import Checkpoint, CheckpointInfo, LoadReport, SaveResult, SaverStats, save, step_url
     from ckptkit.torch._async import saver_for
     url = "file://" + str(tmp_path)
     st = ckptkit.Store(url)
@@ -269,6 +270,9 @@ def test_live_json_matches_the_golden_names(tmp_path):
         assert isinstance(rep, LoadReport) and rep.iteration == 1 and rep.info is None
         assert rep.byte_values == ({"step": b"1"},)
     assert isinstance(saver_for(None).stats(), SaverStats)
+    h = save(url + "/run", m, step=2, async_save=True)
+    assert h.wait() == step_url(url + "/run", 2)
+    assert isinstance(h.result, SaveResult) and h.result.url == h.url and h.result.staging_seconds >= 0
     st.close()
 
 

@@ -62,7 +62,7 @@ import ckptkit
 from ckptkit import _lib
 from ckptkit._lib import CancelScope
 from ckptkit._wire import CheckpointInfo, LoadReport
-from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
+from ckptkit.errors import ChecksumError, ConflictError, NotFoundError, UnsupportedError, UsageError
 
 from ._crcs import CRCMap, ItemKey, read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item, load_metadata
@@ -305,6 +305,23 @@ class StorageWriter(_TorchStorageWriter):
         self._staged: Optional[Dict[str, Any]] = None  # the copy stage() made, reused by the next stage()
         self._busy = threading.Lock()  # held from stage() to the end of finish()
         self._previous: Dict[str, Set[str]] = {}  # save id -> keys of the checkpoint an overwrite replaces
+
+    # -- pickling ------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The writer's configuration and save state, without what lives in
+        this process only (the open store, the kept staging copy, the lock):
+        torch's AsyncCheckpointerType.PROCESS pickles the writer into its
+        checkpoint process, which re-opens the store on first use."""
+        state = self.__dict__.copy()
+        state["_store"] = None
+        state["_staged"] = None
+        del state["_busy"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
 
     # -- torch.distributed.checkpoint.staging.AsyncStager --------------------
 
@@ -714,6 +731,18 @@ class StorageReader(_TorchStorageReader):
     def validate_checkpoint_id(cls, checkpoint_id: CheckpointID) -> bool:
         return isinstance(checkpoint_id, str) and "://" in checkpoint_id
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """The reader's configuration and load state, without the open
+        checkpoint (a library handle of this process): the process that
+        unpickles it opens the checkpoint at its URL on first use."""
+        state = self.__dict__.copy()
+        state["_given"] = None
+        state["_ckpt"] = None
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         try:
             ck = self._checkpoint()
@@ -1069,6 +1098,8 @@ class Checkpoint(_lib.Closing):
         allow-list (_restricted.MetadataUnpickler), and any failure is a
         BadCheckpointError."""
         if self._md is None:
+            if self.none:
+                raise NotFoundError(f"{self.url}: no committed checkpoint is stored there (check the URL)")
             if self.info.format != "torch-dcp":
                 raise UnsupportedError(f"{self.url} is a {self.info.format} checkpoint, not DCP")
             try:
