@@ -423,6 +423,8 @@ def _close_tiers(grace):
 
 
 def _close_tiers_at_exit():
+    if _lib.forked():
+        return  # a forked child's copies of the parent's runs are not its own
     try:
         _close_tiers(60)
     except Exception as e:
