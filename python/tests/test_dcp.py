@@ -137,6 +137,20 @@ def test_storage_reader_loads_what_torch_saved_without_zip_crcs():
             assert hashlib.sha256(sd[k["key"]].numpy().tobytes()).hexdigest() == k["sha256"], k["key"]
 
 
+def test_storage_reader_of_an_empty_url_says_nothing_is_stored(file_url):
+    # It said "file://... is a  checkpoint, not DCP".
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException) as ei:
+        dcp.load({"w": torch.zeros(2)}, storage_reader=StorageReader(file_url + "/nothing"))
+    (failure,) = ei.value.failures.values()
+    if isinstance(failure, tuple):  # torch keeps (exception, traceback)
+        failure = failure[0]
+    assert isinstance(failure, ckptkit.NotFoundError), failure
+    assert "no committed checkpoint is stored there" in str(failure)
+    assert file_url + "/nothing" in str(failure)
+
+
 def _flip_byte_in_tensor(path, key):
     md = dcp.FileSystemReader(path).read_metadata()
     (idx, info), = [(i, s) for i, s in md.storage_data.items() if i.fqn == key]

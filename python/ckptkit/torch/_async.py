@@ -195,6 +195,13 @@ class AsyncSave:
                 concurrent.futures.wait([self.staged])
             raise
 
+    def cancel(self) -> None:
+        """Abort the save if it is still running, staging included: it fails
+        with CanceledError (raised by wait() and by the next save) and
+        commits nothing; the tensors are free once ``staged`` resolves."""
+        if self._saver is not None and not self.done():
+            self._saver.cancel()
+
     def _release(self):
         with self._hlock:
             if not self._released:
