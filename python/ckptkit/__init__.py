@@ -11,13 +11,12 @@ is in :mod:`ckptkit.torch`. docs/TORCH.md documents both.
 """
 
 import ctypes
-import json
 import threading
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import CancelScope
-from ._wire import Capabilities, ObjectInfo, ObjectStat
+from ._wire import Capabilities, ObjectInfo, ObjectStat, list_from_json
 from .errors import (
     AccessError,
     BadCheckpointError,
@@ -305,10 +304,7 @@ class Store(_lib.Closing):
         """The objects under prefix, in ascending key order."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_list", self._handle(), prefix.encode(), ctypes.byref(out), scope=scope)
-        entries = json.loads(_lib.take_string(out.value))
-        if not isinstance(entries, list):
-            raise CheckpointError(f"ckpt_list returned {type(entries).__name__}, not a list")
-        return [ObjectInfo.from_wire(e) for e in entries]
+        return list(list_from_json(ObjectInfo, _lib.take_string(out.value)))
 
     def delete(self, key: str, *, scope: Optional[CancelScope] = None) -> None:
         """Remove key; a missing key is not an error."""

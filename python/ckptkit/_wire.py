@@ -23,7 +23,7 @@ import binascii
 import json
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 from .errors import INTERNAL, CheckpointError
 
@@ -131,7 +131,7 @@ class _Wire:
         raise NotImplementedError
 
     @classmethod
-    def from_json(cls: Type[_W], text: str) -> _W:
+    def from_json(cls: Type[_W], text: Union[str, bytes]) -> _W:
         """from_wire of the JSON text the library returned."""
         try:
             doc = json.loads(text)
@@ -244,10 +244,9 @@ class CheckpointInfo(_Wire):
 @dataclass(frozen=True)
 class LoadReport(_Wire):
     """What :meth:`ckptkit.torch.Checkpoint.load` returns: the Go loader's
-    figures (loader.Report), its one-line summary, the bytes values it
-    loaded (``byte_values``: per target, key -> the stored bytes, or None),
-    the damaged checkpoints a run's load passed over (``fallbacks``) and
-    then the one loaded instead (``info``, else None)."""
+    figures (loader.Report), its one-line summary and the bytes values it
+    loaded (``byte_values``: per target, key -> the stored bytes, or
+    None)."""
 
     url: str
     format: str
@@ -267,14 +266,11 @@ class LoadReport(_Wire):
     seconds: float
     summary: str
     byte_values: Tuple[Mapping[str, Optional[bytes]], ...]
-    fallbacks: Tuple[SkippedCheckpoint, ...]
-    info: Optional[CheckpointInfo]
 
     WIRE: ClassVar[Mapping[str, str]] = _names(
         "url", "format", "iteration", "optimizer_record", "optimizer_loaded", "lazy_params", "lazy_keys",
         "skipped_optimizer_keys", "frozen_missing", "extra_keys", "keys_loaded", "bytes_needed", "bytes_read",
-        "read_requests", "mode", "seconds", "summary", "fallbacks", "info", byte_values="bytes")
-    OMITTED: ClassVar[Mapping[str, Any]] = MappingProxyType({"info": None})
+        "read_requests", "mode", "seconds", "summary", byte_values="bytes")
 
     @classmethod
     def from_wire(cls, doc: object) -> LoadReport:
@@ -291,9 +287,7 @@ class LoadReport(_Wire):
                    extra_keys=d.texts("extra_keys"), keys_loaded=d.integer("keys_loaded"),
                    bytes_needed=d.integer("bytes_needed"), bytes_read=d.integer("bytes_read"),
                    read_requests=d.integer("read_requests"), mode=d.text("mode"), seconds=d.number("seconds"),
-                   summary=d.text("summary"), byte_values=tuple(values),
-                   fallbacks=d.docs("fallbacks", SkippedCheckpoint),
-                   info=d.optional("info", CheckpointInfo))
+                   summary=d.text("summary"), byte_values=tuple(values))
 
 
 def _b64(key: str, v: object) -> Optional[bytes]:
@@ -380,6 +374,106 @@ class RunLayout(_Wire):
         return cls(step_name=d.text("step_name"), step_url=d.text("step_url"), coord_url=d.text("coord_url"))
 
 
+@dataclass(frozen=True)
+class LoadInfo(_Wire):
+    """Which checkpoint a resume of the Go core (ckpt_run_resume) lends its
+    load callback: as CheckpointInfo, and ``one_pass`` when the load is in
+    one pass (the resume may load another checkpoint after this one)."""
+
+    url: str
+    name: str
+    step: int
+    format: str
+    iteration: int
+    optimizer: str
+    one_pass: bool
+
+    WIRE: ClassVar[Mapping[str, str]] = _names("url", "name", "step", "format", "iteration", "optimizer", "one_pass")
+
+    @classmethod
+    def from_wire(cls, doc: object) -> LoadInfo:
+        d = _Doc(doc, cls)
+        return cls(url=d.text("url"), name=d.text("name"), step=d.integer("step"), format=d.text("format"),
+                   iteration=d.integer("iteration"), optimizer=d.text("optimizer"), one_pass=d.flag("one_pass"))
+
+
+@dataclass(frozen=True)
+class ResumeSkip(_Wire):
+    """A checkpoint a resume passed over: its URL, the reason, and why
+    (``uncommitted``, ``invalid``, ``damaged``, ``other-rank``,
+    ``unreadable``)."""
+
+    url: str
+    reason: str
+    why: str
+
+    WIRE: ClassVar[Mapping[str, str]] = _names("url", "reason", "why")
+
+    @classmethod
+    def from_wire(cls, doc: object) -> ResumeSkip:
+        d = _Doc(doc, cls)
+        return cls(url=d.text("url"), reason=d.text("reason"), why=d.text("why"))
+
+
+@dataclass(frozen=True)
+class ResumeResult(_Wire):
+    """What ckpt_run_resume returns: a fresh start (``fresh``; ``empty``
+    when nothing at all is stored), or the checkpoint loaded (url, name,
+    step, iteration), the ones passed over, and with a local tier which
+    tier and why."""
+
+    fresh: bool
+    empty: bool
+    url: str
+    name: str
+    step: int
+    iteration: int
+    skipped: Tuple[ResumeSkip, ...]
+    tier: str
+    tier_why: str
+
+    WIRE: ClassVar[Mapping[str, str]] = _names("fresh", "empty", "url", "name", "step", "iteration", "skipped", "tier",
+                                               "tier_why")
+
+    @classmethod
+    def from_wire(cls, doc: object) -> ResumeResult:
+        d = _Doc(doc, cls)
+        return cls(fresh=d.flag("fresh"), empty=d.flag("empty"), url=d.text("url"), name=d.text("name"),
+                   step=d.integer("step"), iteration=d.integer("iteration"), skipped=d.docs("skipped", ResumeSkip),
+                   tier=d.text("tier"), tier_why=d.text("tier_why"))
+
+
+@dataclass(frozen=True)
+class PersistOutcome(_Wire):
+    """A background persist of a tiered run that ended: its step, retries,
+    bytes copied, and its error ("" when it succeeded)."""
+
+    step: int
+    retries: int
+    bytes: int
+    error: str
+
+    WIRE: ClassVar[Mapping[str, str]] = _names("step", "retries", "bytes", "error")
+    OMITTED: ClassVar[Mapping[str, Any]] = MappingProxyType({"error": ""})
+
+    @classmethod
+    def from_wire(cls, doc: object) -> PersistOutcome:
+        d = _Doc(doc, cls)
+        return cls(step=d.integer("step"), retries=d.integer("retries"), bytes=d.integer("bytes"),
+                   error=d.text("error"))
+
+
+def list_from_json(cls: Type[_W], text: Union[str, bytes]) -> Tuple[_W, ...]:
+    """A JSON list of cls documents, as the library returned it."""
+    try:
+        docs = json.loads(text)
+    except ValueError as e:
+        raise _error(f"{cls.__name__} list: the library returned no JSON ({e}): {text[:200]!r}") from None
+    if not isinstance(docs, list):
+        raise _error(f"{cls.__name__} list: the library returned {type(docs).__name__}, not a list")
+    return tuple(cls.from_wire(d) for d in docs)
+
+
 #: The documents of capi/testdata/abi_golden.json, by its keys.
 GOLDEN: Mapping[str, Type[_Wire]] = MappingProxyType({
     "capabilities": Capabilities,
@@ -389,5 +483,8 @@ GOLDEN: Mapping[str, Type[_Wire]] = MappingProxyType({
     "save_result": SaveResult,
     "saver_stats": SaverStats,
     "run_layout": RunLayout,
+    "load_info": LoadInfo,
+    "resume_result": ResumeResult,
+    "persist": PersistOutcome,
 })
 

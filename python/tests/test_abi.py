@@ -82,6 +82,10 @@ CALLS = {
     "ckpt_saver_stats": lambda h: _lib.call("ckpt_saver_stats", h, ctypes.byref(p())),
     "ckpt_saver_idle": lambda h: _lib.call("ckpt_saver_idle", h, 0),
     "ckpt_saver_idle(close)": lambda h: _lib.call("ckpt_saver_idle", h, 1),
+    "ckpt_checkpoint_fail": lambda h: _lib.call("ckpt_checkpoint_fail", h, 1, None, b"m"),
+    "ckpt_tiered_committed": lambda h: _lib.call("ckpt_tiered_committed", h, 1, ctypes.byref(p())),
+    "ckpt_tiered_wait": lambda h: _lib.call("ckpt_tiered_wait", h, 0, ctypes.byref(p())),
+    "ckpt_tiered_close": lambda h: _lib.call("ckpt_tiered_close", h, 0),
 }
 '''
 
@@ -221,9 +225,12 @@ def test_golden_json_field_names_are_what_the_binding_reads():
     rep = _wire.LoadReport.from_wire(golden["load_report"])
     assert rep.optimizer_loaded is True and rep.lazy_params == ("model.b",) and rep.extra_keys == ("extra",)
     assert rep.byte_values == ({"step": b"10"},)
-    assert rep.fallbacks == (_wire.SkippedCheckpoint(url="file:///r/step-00000012", reason="checksum"),)
-    assert rep.info == _wire.CheckpointInfo.from_wire(golden["checkpoint_info"])
-    assert rep.info.skipped == (_wire.SkippedCheckpoint(url="file:///r/step-00000011", reason="uncommitted"),)
+    info = _wire.CheckpointInfo.from_wire(golden["checkpoint_info"])
+    assert info.skipped == (_wire.SkippedCheckpoint(url="file:///r/step-00000011", reason="uncommitted"),)
+    res = _wire.ResumeResult.from_wire(golden["resume_result"])
+    assert res.skipped == (_wire.ResumeSkip(url="file:///r/step-00000012", reason="checksum", why="damaged"),)
+    assert _wire.LoadInfo.from_wire(golden["load_info"]).one_pass is True
+    assert _wire.PersistOutcome.from_wire(golden["persist"]).error == "persist failed"
 
 
 @pytest.mark.parametrize("kind", sorted(_wire.GOLDEN))
@@ -267,7 +274,7 @@ def test_live_json_matches_the_golden_names(tmp_path):
         assert isinstance(ck.info, CheckpointInfo)
         assert (ck.info.url, ck.info.name, ck.info.step, ck.info.none) == (ck_url, "step-00000001", 1, False)
         rep = ck.load({"targets": [{"tensors": [], "bytes": ["step"]}], "quiet": True}, [])
-        assert isinstance(rep, LoadReport) and rep.iteration == 1 and rep.info is None
+        assert isinstance(rep, LoadReport) and rep.iteration == 1
         assert rep.byte_values == ({"step": b"1"},)
     assert isinstance(saver_for(None).stats(), SaverStats)
     h = save(url + "/run", m, step=2, async_save=True)

@@ -61,7 +61,7 @@ from torch.futures import Future
 import ckptkit
 from ckptkit import _lib
 from ckptkit._lib import CancelScope
-from ckptkit._wire import CheckpointInfo, LoadReport
+from ckptkit._wire import CheckpointInfo, LoadInfo, LoadReport
 from ckptkit.errors import ChecksumError, ConflictError, NotFoundError, UnsupportedError, UsageError
 
 from ._crcs import CRCMap, ItemKey, read_item_crcs
@@ -1078,6 +1078,33 @@ class Checkpoint(_lib.Closing):
         self._crcs_read = False
         self._crcs: Optional[CRCMap] = None
         self._store = ckptkit.Store._from_handle(h.value, self.url)
+        self._lent_handle = False
+        #: Whether the last load() failed.
+        self.load_failed = False
+        #: Whether a resume that lent it loads it in one pass (it may load
+        #: another checkpoint after this one).
+        self.one_pass = False
+
+    @classmethod
+    def _lent(cls, handle: int, info: LoadInfo) -> "Checkpoint":
+        """The checkpoint a resume of the Go core lends its load callback
+        (ckpt_run_resume): valid during the callback; close() only forgets
+        the handle (the resume owns it)."""
+        ck = cls.__new__(cls)
+        ck._h = handle
+        ck._close_lock = threading.Lock()
+        ck.info = CheckpointInfo(url=info.url, name=info.name, step=info.step, format=info.format,
+                                 iteration=info.iteration, optimizer=info.optimizer, skipped=(), none=False,
+                                 empty=False)
+        ck.url = info.url
+        ck._md = None
+        ck._crcs_read = False
+        ck._crcs = None
+        ck._store = ckptkit.Store._from_handle(handle, ck.url)
+        ck._lent_handle = True
+        ck.load_failed = False
+        ck.one_pass = info.one_pass
+        return ck
 
     @property
     def none(self) -> bool:
@@ -1201,14 +1228,20 @@ class Checkpoint(_lib.Closing):
         """The redacted URL of an object of the checkpoint."""
         return self._store.object_url(key)
 
-    def load(self, spec: Mapping[str, Any], buffers: Sequence[Optional[int]]) -> LoadReport:
+    def load(self, spec: Mapping[str, Any], buffers: Sequence[Optional[int]], *,
+             scope: Optional[CancelScope] = None) -> LoadReport:
         """Run the Go loader (every resume rule, every CRC, before any
-        buffer changes) on spec (see capi/checkpoint.go loadSpec) into the
-        C buffers (addresses) listed in buffers; its report."""
+        buffer changes unless spec's one_pass) on spec (see
+        capi/checkpoint.go loadSpec) into the C buffers (addresses) listed
+        in buffers; its report. ``load_failed`` says whether the last load
+        failed."""
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        self.load_failed = True
+        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out),
+                  scope=scope)
+        self.load_failed = False
         return LoadReport.from_json(_lib.take_string(out.value))
 
     def _handle(self) -> int:
@@ -1224,4 +1257,5 @@ class Checkpoint(_lib.Closing):
             h, self._h = self._h, 0
         if h:
             self._store._h = 0
-            _lib.call("ckpt_checkpoint_close", h)
+            if not self._lent_handle:
+                _lib.call("ckpt_checkpoint_close", h)
