@@ -9,7 +9,9 @@ import "C"
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -23,9 +25,10 @@ import (
 // The asynchronous saves of the C ABI are saver.Saver's, as they are: a
 // saver handle owns one saver.Saver (its staging pool, its one save in
 // flight, its pending failure); a save handle is one saver.Handle. Nothing
-// of the staging is done here: the caller's buffers are read only until
-// ckpt_saver_save returns, which is when saver.SaveAsync says the state is
-// staged.
+// of the staging is done here: the caller's buffers are read until the
+// state is staged, which is when ckpt_saver_save returns, or (a saver
+// opened with overlap) when ckpt_save_wait_staged says so: the caller
+// keeps them alive and unchanged until then.
 
 // saverHandle is what a saver handle refers to.
 type saverHandle struct {
@@ -122,6 +125,45 @@ func ckpt_saver_new(stagingBytes C.int64_t, out *C.uintptr_t, cls *C.int, rule, 
 	})
 }
 
+// saverOptions is the JSON a caller passes to ckpt_saver_open
+// (saver.AsyncOptions).
+type saverOptions struct {
+	// StagingBytes is the staging budget (0: saver.DefaultStagingBytes).
+	StagingBytes int64 `json:"staging_bytes"`
+	// Overlap makes ckpt_saver_save return once the save is planned; the
+	// caller waits for ckpt_save_wait_staged before it changes or frees
+	// the buffers it passed.
+	Overlap bool `json:"overlap"`
+	// Prefault maps and touches the whole pool now.
+	Prefault bool `json:"prefault"`
+}
+
+// ckpt_saver_open creates an asynchronous saver (saver.NewSaver) with the
+// options of the JSON object options (see saverOptions; NULL or "" for the
+// defaults, unknown fields refused): its staging budget, whether saves
+// return once planned (overlap) and whether the pool is faulted in now
+// (prefault). Keep one per process for the whole run.
+//
+//export ckpt_saver_open
+func ckpt_saver_open(options *C.char, out *C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_saver_open", cls, rule, msg, func() error {
+		var o saverOptions
+		if options != nil && C.GoString(options) != "" {
+			dec := json.NewDecoder(strings.NewReader(C.GoString(options)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&o); err != nil {
+				return fmt.Errorf("%w: saver options: %v", errUsage, err)
+			}
+		}
+		sv, err := saver.NewSaver(saver.AsyncOptions{StagingBytes: o.StagingBytes, Overlap: o.Overlap, Prefault: o.Prefault})
+		if err != nil {
+			return err
+		}
+		*out = C.uintptr_t(handles.add(&saverHandle{sv: sv}))
+		return nil
+	})
+}
+
 // ckpt_saver_default_staging_bytes is saver.DefaultStagingBytes.
 //
 //export ckpt_saver_default_staging_bytes
@@ -130,7 +172,9 @@ func ckpt_saver_default_staging_bytes() C.int64_t { return saver.DefaultStagingB
 // ckpt_saver_save starts an asynchronous save of one rank's state (spec,
 // JSON: see saveSpec; the tensors in the nbufs C buffers bufs) to the
 // checkpoint at url and returns once the state is staged: from then on the
-// caller may change its buffers. It first waits for the saver's save in
+// caller may change its buffers. With a saver opened with overlap it
+// returns once the save is planned, and the buffers are read until
+// ckpt_save_wait_staged reports the state staged. It first waits for the saver's save in
 // flight; if that one failed and no call reported it yet, this call fails
 // with that error instead of starting (saver.Saver's rule). A save that
 // fails before it is staged fails here. *out receives the save handle
@@ -265,17 +309,6 @@ func ckpt_save_state(h C.uintptr_t, state *C.int, cls *C.int, rule, msg **C.char
 	})
 }
 
-// saveResult is what ckpt_save_wait returns for a committed save.
-type saveResult struct {
-	URL           string  `json:"url"`
-	BytesWritten  int64   `json:"bytes_written"`
-	MetadataBytes int     `json:"metadata_bytes"`
-	Seconds       float64 `json:"seconds"`
-	StallSeconds  float64 `json:"stall_seconds"`
-	WaitedSeconds float64 `json:"waited_seconds"`
-	Warning       string  `json:"warning,omitempty"`
-}
-
 // ckpt_save_wait waits at most timeout_ms milliseconds (< 0: without limit)
 // for the save to end. *done is 0 when the time ran out (the call then
 // succeeds); otherwise the call returns the save's outcome: 0 with *result
@@ -307,7 +340,8 @@ func ckpt_save_wait(tok, h C.uintptr_t, timeoutMs C.int64_t, done *C.int, result
 					return err
 				}
 				out := saveResult{URL: res.URL, BytesWritten: res.BytesWritten, MetadataBytes: res.MetadataBytes,
-					Seconds: s.h.Elapsed().Seconds(), StallSeconds: s.h.Stall().Seconds(), WaitedSeconds: s.h.Waited().Seconds()}
+					Seconds: s.h.Elapsed().Seconds(), StallSeconds: s.h.Stall().Seconds(), WaitedSeconds: s.h.Waited().Seconds(),
+					StagingSeconds: s.h.Staging().Seconds()}
 				if s.cleanupErr != nil {
 					out.Warning = s.cleanupErr.Error()
 				}
@@ -316,6 +350,40 @@ func ckpt_save_wait(tok, h C.uintptr_t, timeoutMs C.int64_t, done *C.int, result
 		})
 	})
 }
+
+// ckpt_save_wait_staged waits at most timeout_ms milliseconds (< 0:
+// without limit) until the save no longer reads the caller's buffers
+// (saver.Handle.WaitStaged): *done is 1 once it does, 0 when the time ran
+// out. It also returns once a save fails while staging; whether the save
+// succeeds is ckpt_save_wait's answer. Cancelling tok stops the wait (class
+// canceled), not the save.
+//
+//export ckpt_save_wait_staged
+func ckpt_save_wait_staged(tok, h C.uintptr_t, timeoutMs C.int64_t, done *C.int, cls *C.int, rule, msg **C.char) C.int {
+	return guard("ckpt_save_wait_staged", cls, rule, msg, func() error {
+		return withCall(tok, nil, func(ctx context.Context) error {
+			return withHandle(h, "save", func(s *saveHandle) error {
+				*done = 0
+				if timeoutMs >= 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeoutCause(ctx, time.Duration(timeoutMs)*time.Millisecond, errStagedTimeout)
+					defer cancel()
+				}
+				if err := s.h.WaitStaged(ctx); err != nil {
+					if context.Cause(ctx) == errStagedTimeout {
+						return nil
+					}
+					return ckpterr.WithClass(fmt.Errorf("wait for the save to %s to be staged: %w", s.url, err), ckpterr.Canceled)
+				}
+				*done = 1
+				return nil
+			})
+		})
+	})
+}
+
+// errStagedTimeout ends a ckpt_save_wait_staged whose time ran out.
+var errStagedTimeout = errors.New("the time to wait for staging ran out")
 
 // ckpt_save_release releases a save handle (the save itself goes on if it
 // is still running).

@@ -44,6 +44,21 @@ func saverStatsOf(st saver.Stats) saverStatsJSON {
 	return saverStatsJSON{BudgetBytes: st.BudgetBytes, PoolBytes: st.PoolBytes, HeldBytes: st.HeldBytes, PeakBytes: st.PeakBytes}
 }
 
+// saveResult is what ckpt_save_wait returns for a committed save.
+type saveResult struct {
+	URL           string  `json:"url"`
+	BytesWritten  int64   `json:"bytes_written"`
+	MetadataBytes int     `json:"metadata_bytes"`
+	Seconds       float64 `json:"seconds"`
+	StallSeconds  float64 `json:"stall_seconds"`
+	WaitedSeconds float64 `json:"waited_seconds"`
+	// StagingSeconds is how long the save read the caller's buffers
+	// (saver.Handle.Staging): planning and the copy into the pool, most
+	// of it after ckpt_saver_save returned with an overlap saver.
+	StagingSeconds float64 `json:"staging_seconds"`
+	Warning        string  `json:"warning,omitempty"`
+}
+
 // loadReport is what ckpt_checkpoint_load returns: loader.Report's figures
 // under explicit names, the summary, the byte values and the fallbacks.
 type loadReport struct {

@@ -39,7 +39,7 @@ func wireSamples() map[string]any {
 		"checkpoint_info": info,
 		"load_report":     rep,
 		"save_result": saveResult{URL: "file:///r/step-00000010", BytesWritten: 100, MetadataBytes: 10, Seconds: 1.5,
-			StallSeconds: 0.5, WaitedSeconds: 0.25, Warning: "cleanup"},
+			StallSeconds: 0.5, WaitedSeconds: 0.25, StagingSeconds: 0.125, Warning: "cleanup"},
 		"saver_stats": saverStatsJSON{BudgetBytes: 4, PoolBytes: 3, HeldBytes: 2, PeakBytes: 1},
 	}
 }

@@ -44,6 +44,11 @@ type VerifyReport struct {
 	Info      []Finding
 	// BytesChecked counts the bytes read by a deep verify.
 	BytesChecked int64
+	// NoChecksums: the checkpoint records no checksum for its items (a
+	// DCP checkpoint torch saved with compute_crc32 = False, see
+	// metadata.Checkpoint.NoChecksums); a deep verify read and decoded
+	// every item but could not detect a flipped data byte.
+	NoChecksums bool
 	// LazyParams are the checkpoint's parameters without optimizer state
 	// (rule lazy-optimizer-state), sorted; never buffers when the
 	// checkpoint records its parameter set (see TrainingState.Params).
@@ -107,6 +112,7 @@ func (c *Checkpoint) Verify(ctx context.Context, opts VerifyOptions) (*VerifyRep
 func (c *Checkpoint) VerifyInto(ctx context.Context, rep *VerifyReport, opts VerifyOptions) error {
 	md := c.md
 	rep.Format, rep.Version, rep.Writer, rep.Iteration = c.format.Name, md.Version, md.Writer, md.Training.Iteration
+	rep.NoChecksums = md.NoChecksums
 	prefix := opts.OptimizerPrefix
 	if prefix == "" {
 		prefix = md.Training.OptimizerPrefix

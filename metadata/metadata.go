@@ -74,6 +74,12 @@ type Checkpoint struct {
 	// be checked, only the objects' sizes. Native checkpoints are always
 	// checked. Never part of the native document.
 	Unchecked bool `json:"-"`
+	// NoChecksums is set with Unchecked when the stored items carry no
+	// checksum of their own either (a DCP checkpoint torch saved with
+	// compute_crc32 = False: every zip entry records CRC-32 0): a deep
+	// verify reads and decodes every item but cannot detect a flipped data
+	// byte. Never part of the native document.
+	NoChecksums bool `json:"-"`
 	// MetadataCRC32C is the seal: the CRC32C of the document's bytes before
 	// this member, which is always the last (see Seal). Encode computes it;
 	// Decode checks it before decoding and leaves the stored value here.

@@ -117,10 +117,13 @@ type Handle struct {
 	start   time.Time
 	stall   time.Duration // set before SaveAsync returns the handle
 	waited  time.Duration // the part of stall spent waiting for the previous save
-	res     *Result
-	err     error
-	end     time.Time
-	gate    *uploadGate // opened once staged
+	// stagedAt is when the caller's buffers were freed (written before
+	// staged is closed).
+	stagedAt time.Time
+	res      *Result
+	err      error
+	end      time.Time
+	gate     *uploadGate // opened once staged
 }
 
 func newHandle(start time.Time) *Handle {
@@ -134,6 +137,7 @@ func (h *Handle) markPlanned() { h.plan.Do(func() { close(h.planned) }) }
 
 func (h *Handle) markStaged() {
 	h.state.CompareAndSwap(int32(Staging), int32(Staged))
+	h.stagedAt = time.Now()
 	close(h.staged)
 	h.gate.open()
 }
@@ -189,6 +193,19 @@ func (h *Handle) Stall() time.Duration { return h.stall }
 // Waited is the part of Stall spent waiting for the previous save to
 // commit (the rest is planning and staging).
 func (h *Handle) Waited() time.Duration { return h.waited }
+
+// Staging is how long the save read the caller's buffers: from the end of
+// the wait for the previous save (Waited) to Staged, so planning and the
+// copy into the pool; 0 while Staged is not closed yet. With
+// AsyncOptions.Overlap most of it ran while the caller computed.
+func (h *Handle) Staging() time.Duration {
+	select {
+	case <-h.staged:
+		return h.stagedAt.Sub(h.start) - h.waited
+	default:
+		return 0
+	}
+}
 
 // Elapsed is the save's wall time from its start to its commit or failure
 // (up to now while it runs).

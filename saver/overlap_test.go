@@ -37,8 +37,11 @@ func TestOverlapReturnsBeforeStagingAndCommitsPreMutationValues(t *testing.T) {
 		t.Fatal("staged although uploads are held and the state exceeds the budget")
 	default:
 	}
+	require.Zero(t, h.Staging(), "no staging time before the state is staged")
 	close(g.open)
 	require.NoError(t, h.WaitStaged(ctx))
+	require.Positive(t, h.Staging())
+	require.LessOrEqual(t, h.Staging(), h.Elapsed())
 	mutate(sd)
 	res, err := h.Wait(ctx)
 	require.NoError(t, err)

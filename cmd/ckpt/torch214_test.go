@@ -1,7 +1,8 @@
 package main
 
 // The CLI on DCP checkpoints torch 2.14 wrote itself
-// (interop/torchdcp/testdata/torch2.14): verify --deep says resumable with
+// (interop/torchdcp/testdata/torch2.14, one saved without zip CRC-32s):
+// verify --deep says resumable with
 // exactly the lazily absent parameters, or refuses the partial one naming
 // only its missing key; latest finds the newest valid one of a run made of
 // them; inspect, diff and convert read them.
@@ -21,16 +22,24 @@ const torch214 = "../../interop/torchdcp/testdata/torch2.14"
 
 func TestTorch214CheckpointsThroughTheCLI(t *testing.T) {
 	lazy := []string{"experts.1.bias", "experts.1.weight"}
-	for _, c := range []string{"adafactor", "muon_adamw", "sgd_momentum"} {
+	for _, c := range []string{"adafactor", "muon_adamw", "sgd_momentum", "sgd_momentum_nocrc"} {
 		code, out, errs := ckpt(t, "verify", "--deep", "--json", filepath.Join(torch214, c))
 		require.Equal(t, 0, code, "%s: %s%s", c, out, errs)
 		var rep struct {
 			Resumable  bool     `json:"resumable"`
 			LazyParams []string `json:"lazy_params"`
+			NotChecked string   `json:"not_checked"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(out), &rep))
 		require.True(t, rep.Resumable)
 		require.Equal(t, lazy, rep.LazyParams, c)
+		// Only the checkpoint torch saved with compute_crc32 = False says
+		// that its flipped bytes could not be detected.
+		if c == "sgd_momentum_nocrc" {
+			require.Contains(t, rep.NotChecked, "compute_crc32 = False", c)
+		} else {
+			require.Empty(t, rep.NotChecked, c)
+		}
 
 		code, out, errs = ckpt(t, "inspect", "--json", "--hash", filepath.Join(torch214, c))
 		require.Equal(t, 0, code, errs)

@@ -25,7 +25,8 @@ type verifyOutput struct {
 	// without --deep).
 	Bytes      int64    `json:"bytes"`
 	LazyParams []string `json:"lazy_params"`
-	// NotChecked says what a shallow verify did not check.
+	// NotChecked says what the verify did not check: the bytes (shallow),
+	// or flipped bytes of a checkpoint that records no checksum (deep).
 	NotChecked string `json:"not_checked,omitempty"`
 }
 
@@ -48,6 +49,10 @@ func findingsJSON(fs []loader.Finding) []verifyFinding {
 }
 
 // shallowNote is what a verify without --deep did not check.
+// noChecksumsNote is a deep verify's not_checked of a checkpoint that
+// records no checksum (loader.VerifyReport.NoChecksums).
+const noChecksumsNote = "no checksum is recorded (torch saved it with compute_crc32 = False and no ckptkit integrity object): every item was read and decoded, but a flipped data byte cannot be detected"
+
 const shallowNote = "data bytes were not read: object sizes and metadata were checked, checksums were not (--deep reads every byte)"
 
 func newVerifyCmd() *cobra.Command {
@@ -92,8 +97,11 @@ Exit 0 when resumable, 1 when not, 3 when nothing is stored under URL
 			}
 			out := &verifyOutput{URL: rep.URL, Format: rep.Format, Version: rep.Version, Writer: rep.Writer, Iteration: rep.Iteration,
 				Deep: rep.Deep, Resumable: rep.Resumable, Problems: findingsJSON(rep.Problems), Info: findingsJSON(rep.Info), Bytes: rep.BytesChecked, LazyParams: rep.LazyParams}
-			if !deep {
+			switch {
+			case !deep:
 				out.NotChecked = shallowNote
+			case rep.NoChecksums:
+				out.NotChecked = noChecksumsNote
 			}
 			if asJSON {
 				emit(cmd, out)
@@ -127,9 +135,15 @@ func printVerify(w io.Writer, r *verifyOutput) {
 		fmt.Fprintf(w, "info    [%s] %s\n", i.Rule, safe(i.Message))
 	}
 	if r.Deep {
-		fmt.Fprintf(w, "deep: %d bytes checked\n", r.Bytes)
+		verb := "checked"
+		if r.NotChecked != "" {
+			verb = "read"
+		}
+		fmt.Fprintf(w, "deep: %d bytes %s\n", r.Bytes, verb)
 	}
 	switch {
+	case r.Resumable && r.Deep && r.NotChecked != "":
+		fmt.Fprintf(w, "OK: resumable, every byte read: %s\n", r.NotChecked)
 	case r.Resumable && r.Deep:
 		fmt.Fprintln(w, "OK: resumable (every byte checked)")
 	case r.Resumable:

@@ -11,9 +11,10 @@ them (gloo all_reduce), so 2 ranks and 1 rank compute bit-identical updates
 and a run can be resumed on another world size. --kill-at S sends SIGKILL
 to every rank after step S; running the same command again resumes from the
 newest committed checkpoint. --async saves in the background
-(ckptkit.torch.save(..., async_save=True), staged within --staging-bytes):
-training goes on while the checkpoint is written, and the weights are the
-same bit for bit.
+(ckptkit.torch.save(..., async_save=True), staged within --staging-bytes
+while the next step's forward and backward run, the update waiting for
+it): training goes on while the checkpoint is written, and the weights are
+the same bit for bit.
 """
 
 import argparse
@@ -70,7 +71,7 @@ def batch(step):
     return torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g)
 
 
-def train_step(model, opt, sched, step, warmup, rank, world):
+def train_step(model, opt, sched, step, warmup, rank, world, before_update=None):
     x, y = batch(step)
     n = x.shape[0] // SHARDS
     mine = [s for s in range(SHARDS) if s % world == rank]
@@ -97,6 +98,10 @@ def train_step(model, opt, sched, step, warmup, rank, world):
         if world > 1:
             dist.all_reduce(g)
         p.grad = g / SHARDS
+    if before_update is not None:
+        # The asynchronous save of the previous step may still be copying
+        # the weights and optimizer state: the update waits for it.
+        before_update()
     opt.step()
     sched.step()
 
@@ -128,17 +133,22 @@ def run(rank, world, args):
         print(f"no checkpoint under {args.url}: starting at step 0 (world {world})", flush=True)
     pending = None  # the asynchronous save in flight
     for step in range(start, args.steps):
-        train_step(model, opt, sched, step, args.warmup, rank, world)
+        # Forward and backward only read the state, so they overlap the
+        # staging of the save before; the update waits for it.
+        train_step(model, opt, sched, step, args.warmup, rank, world,
+                   before_update=pending.wait_staged if pending is not None else None)
         done = step + 1
         if done % args.save_every == 0:
             if args.async_save:
                 if pending is not None:
                     pending.wait()  # committed by now, as a rule; raises its error if it failed
-                # Returns once staged: the next training step may change every tensor.
+                # Returns once planned; the state is staged while the next
+                # step's forward and backward run (train_step waits for it
+                # before the update).
                 pending = ct.save(args.url, model, opt, step=done, scheduler=sched,
                                   save_optimizer=not args.no_save_optim, async_save=True,
                                   staging_bytes=args.staging_bytes)
-                what = f"staged {pending.url}"
+                what = f"saving {pending.url}"
             else:
                 what = "saved " + ct.save(args.url, model, opt, step=done, scheduler=sched,
                                           save_optimizer=not args.no_save_optim)

@@ -30,6 +30,11 @@ func Format() metadata.Format {
 			if _, err := FillIteration(c, items); err != nil {
 				return err
 			}
+			if c.Unchecked {
+				if c.NoChecksums, err = recordsNoCRC32(c, items); err != nil {
+					return err
+				}
+			}
 			_, err = FillParams(c, items)
 			return err
 		},

@@ -58,7 +58,8 @@ func openArchive(item []byte) (*archive, error) {
 
 // read returns an entry's bytes; missing entries give (nil, false, nil).
 // Only stored (uncompressed) entries no larger than the item are read, and
-// archive/zip checks each entry's CRC-32 at its end.
+// archive/zip checks each entry's CRC-32 at its end (unless the archive
+// records none: CRC-32 0).
 func (a *archive) read(name string) ([]byte, bool, error) {
 	f, ok := a.files[name]
 	if !ok {
@@ -70,13 +71,31 @@ func (a *archive) read(name string) ([]byte, bool, error) {
 	if f.UncompressedSize64 > uint64(a.size) {
 		return nil, true, malformed("zip entry %q claims %d bytes in a %d-byte item", name, f.UncompressedSize64, a.size)
 	}
+	buf := make([]byte, int(f.UncompressedSize64))
+	if f.CRC32 == 0 {
+		// torch >= 2.7 with torch.utils.serialization.config.save.
+		// compute_crc32 = False records CRC-32 0 for every entry: there is
+		// no checksum to verify (archive/zip would report a mismatch against
+		// the data descriptor's 0). The bytes of a stored entry are read as
+		// they are; the item's own CRC32C, when the checkpoint has one,
+		// still covers them.
+		if f.CompressedSize64 != f.UncompressedSize64 {
+			return nil, true, malformed("stored zip entry %q: %d bytes stored for %d", name, f.CompressedSize64, f.UncompressedSize64)
+		}
+		r, err := f.OpenRaw()
+		if err != nil {
+			return nil, true, fmt.Errorf("%w: zip entry %q: %v", ErrMalformed, name, err)
+		}
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, true, fmt.Errorf("%w: zip entry %q: %v", ErrMalformed, name, err)
+		}
+		return buf, true, nil
+	}
 	rc, err := f.Open()
 	if err != nil {
 		return nil, true, fmt.Errorf("%w: zip entry %q: %v", ErrMalformed, name, err)
 	}
 	defer rc.Close()
-	want := int(f.UncompressedSize64)
-	buf := make([]byte, want)
 	if _, err := io.ReadFull(rc, buf); err != nil {
 		return nil, true, fmt.Errorf("%w: zip entry %q: %v", ErrMalformed, name, err)
 	}
@@ -85,6 +104,39 @@ func (a *archive) read(name string) ([]byte, bool, error) {
 		return nil, true, fmt.Errorf("%w: zip entry %q: size or checksum mismatch (%v)", ErrMalformed, name, err)
 	}
 	return buf, true, nil
+}
+
+// noCRC32 reports whether the archive records no CRC-32 for its entries
+// (torch >= 2.7 saving with compute_crc32 = False writes 0 for every
+// entry; an empty entry's CRC-32 is 0 anyway and says nothing).
+func (a *archive) noCRC32() bool {
+	for _, f := range a.files {
+		if f.UncompressedSize64 > 0 {
+			return f.CRC32 == 0
+		}
+	}
+	return false
+}
+
+// recordsNoCRC32 reports whether the checkpoint's torch.save items record
+// no CRC-32 (torch's compute_crc32 is one setting per save, so the first
+// torch.save bytes item, read through read, tells).
+func recordsNoCRC32(c *metadata.Checkpoint, read ItemReader) (bool, error) {
+	for _, b := range c.Bytes {
+		if b.Encoding != EncodingBytes {
+			continue
+		}
+		item, err := read(b.Object, b.Offset, b.Length)
+		if err != nil {
+			return false, fmt.Errorf("read %q: %w", b.Key, err)
+		}
+		a, err := openArchive(item)
+		if err != nil {
+			continue // not a torch.save archive (a raw bytes value)
+		}
+		return a.noCRC32(), nil
+	}
+	return false, nil
 }
 
 // pickle returns the archive's data.pkl.

@@ -39,7 +39,7 @@ type expected214 struct {
 	Verdict     string   `json:"expected_verdict"`
 }
 
-var torch214Cases = []string{"adafactor", "muon_adamw", "sgd_momentum", "adafactor_partial"}
+var torch214Cases = []string{"adafactor", "muon_adamw", "sgd_momentum", "sgd_momentum_nocrc", "adafactor_partial"}
 
 func readExpected214(t *testing.T, name string) expected214 {
 	t.Helper()

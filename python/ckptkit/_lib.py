@@ -91,12 +91,14 @@ _SIGNATURES = {
     "ckpt_checkpoint_metadata": ([_h, _void_pp, _i64_p] + _ERR, ctypes.c_int),
     "ckpt_checkpoint_close": ([_h] + _ERR, ctypes.c_int),
     "ckpt_saver_new": ([ctypes.c_int64, _uptr_p] + _ERR, ctypes.c_int),
+    "ckpt_saver_open": ([ctypes.c_char_p, _uptr_p] + _ERR, ctypes.c_int),
     "ckpt_saver_default_staging_bytes": ([], ctypes.c_int64),
     "ckpt_saver_save": (
         [_tok, _h, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _void_pp, ctypes.c_int, _uptr_p] + _ERR,
         ctypes.c_int),
     "ckpt_save_state": ([_h, _c_int_p] + _ERR, ctypes.c_int),
     "ckpt_save_wait": ([_tok, _h, ctypes.c_int64, _c_int_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_save_wait_staged": ([_tok, _h, ctypes.c_int64, _c_int_p] + _ERR, ctypes.c_int),
     "ckpt_save_release": ([_h] + _ERR, ctypes.c_int),
     "ckpt_saver_cancel": ([_h] + _ERR, ctypes.c_int),
     "ckpt_saver_stats": ([_h, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
@@ -113,6 +115,7 @@ _SIGNATURES = {
 CANCELLABLE = frozenset({
     "ckpt_open", "ckpt_put", "ckpt_read", "ckpt_read_segments", "ckpt_read_all", "ckpt_stat", "ckpt_list",
     "ckpt_delete", "ckpt_checkpoint_open", "ckpt_checkpoint_load", "ckpt_saver_save", "ckpt_save_wait", "ckpt_read_items",
+    "ckpt_save_wait_staged",
     "ckpt_saver_idle"})
 
 _lib = None

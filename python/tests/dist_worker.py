@@ -119,6 +119,7 @@ def run(rank, world, scenario, url, out):
         step_sharded(m, opt, sched, mesh, 3)
         h3 = ct.save(url, m, opt, step=3, scheduler=sched, async_save=True)
         result = full_state(m, opt)
+        h3.wait_staged()  # the state is copied before the next updates
         result["lr"] = opt.param_groups[0]["lr"]
         step_sharded(m, opt, sched, mesh, 3)
         h6 = ct.save(url, m, opt, step=6, scheduler=sched, async_save=True)

@@ -76,6 +76,7 @@ CALLS = {
                                            ctypes.byref(ctypes.c_size_t())),
     "ckpt_save_state": lambda h: _lib.call("ckpt_save_state", h, ctypes.byref(ctypes.c_int())),
     "ckpt_save_wait": lambda h: _lib.call("ckpt_save_wait", h, 0, ctypes.byref(ctypes.c_int()), ctypes.byref(p())),
+    "ckpt_save_wait_staged": lambda h: _lib.call("ckpt_save_wait_staged", h, 0, ctypes.byref(ctypes.c_int())),
     "ckpt_save_release": lambda h: _lib.call("ckpt_save_release", h),
     "ckpt_saver_cancel": lambda h: _lib.call("ckpt_saver_cancel", h),
     "ckpt_saver_stats": lambda h: _lib.call("ckpt_saver_stats", h, ctypes.byref(p())),
@@ -208,7 +209,7 @@ def test_golden_json_field_names_are_what_the_binding_reads():
         assert k in golden["checkpoint_info"], k
     assert set(golden["capabilities"]) == {"create_if_absent", "server_crc32c", "multipart", "part_size", "concurrency"}
     assert set(golden["list_entry"]) == {"key", "size", "mtime_ns"}
-    assert {"url", "bytes_written", "seconds", "stall_seconds"} <= set(golden["save_result"])
+    assert {"url", "bytes_written", "seconds", "stall_seconds", "staging_seconds"} <= set(golden["save_result"])
     assert set(golden["saver_stats"]) == {"budget_bytes", "pool_bytes", "held_bytes", "peak_bytes"}
     assert golden["abi_version"] == _lib.ABI_VERSION, "the Go side's ABI version differs from the binding's"
 
@@ -230,6 +231,9 @@ def test_live_json_matches_the_golden_names(tmp_path):
         rep = ck.load({"targets": [{"tensors": [], "bytes": []}], "quiet": True}, [])
         assert set(rep) <= set(golden["load_report"]) and "lazy_params" in rep
     assert set(saver_for(None).stats()) == set(golden["saver_stats"])
+    h = save(url + "/run", m, step=2, async_save=True)
+    h.wait()
+    assert h.result is not None and set(h.result) <= set(golden["save_result"]) and "staging_seconds" in h.result
     st.close()
 
 

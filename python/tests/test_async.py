@@ -65,11 +65,17 @@ def _check_resumes_to(url, want, want_ballast):
     return rep
 
 
-def test_async_save_then_mutating_every_tensor_commits_the_pre_mutation_values(base_url):
+@pytest.mark.parametrize("mode", [True, "blocking"], ids=["overlap", "blocking"])
+def test_async_save_then_mutating_every_tensor_commits_the_pre_mutation_values(base_url, mode):
     m, opt, sched, ballast = _trained_with_ballast(24)
     want, want_ballast = snapshot(m, opt), ballast.clone()
-    h = save(base_url, m, opt, step=3, scheduler=sched, extra_state={"ballast": ballast}, async_save=True)
-    assert isinstance(h, AsyncSave) and h.status in ("staged", "committed")
+    h = save(base_url, m, opt, step=3, scheduler=sched, extra_state={"ballast": ballast}, async_save=mode)
+    assert isinstance(h, AsyncSave)
+    if mode == "blocking":
+        assert h.staged.done() and h.status in ("staged", "committed")
+    else:
+        h.wait_staged()
+        assert h.staged.result() is None and h.status in ("staged", "committed")
     # The state is staged: change every tensor at once, while it is written.
     _mutate_everything(m, opt, ballast)
     assert h.wait() == step_url(base_url, 3)
@@ -98,6 +104,7 @@ def test_budget_smaller_than_the_state_completes_within_it(file_url):
     try:
         h = save(file_url, m, opt, step=3, scheduler=sched, extra_state={"ballast": ballast}, async_save=True,
                  staging_bytes=budget)
+        h.wait_staged()
         _mutate_everything(m, opt, ballast)
         h.wait()
     finally:

@@ -118,6 +118,39 @@ def test_storage_reader_loads_what_torch_wrote(file_url):
     _assert_equal(out, sd)
 
 
+def test_storage_reader_loads_what_torch_saved_without_zip_crcs():
+    # torch >= 2.7 with compute_crc32 = False records CRC-32 0 for every zip
+    # entry; the Go core refused such a checkpoint ("zip: checksum error").
+    import hashlib
+
+    from conftest import fixtures_dir
+
+    path = os.path.join(fixtures_dir(), "torch2.14", "sgd_momentum_nocrc")
+    with open(os.path.join(path, "expected.json")) as f:
+        want = json.load(f)
+    sd = {k["key"]: torch.zeros(k["shape"], dtype=getattr(torch, k["dtype"])) for k in want["keys"] if k["kind"] == "tensor"}
+    sd["step"] = 0
+    dcp.load(sd, storage_reader=StorageReader(path))
+    assert sd["step"] == 3
+    for k in want["keys"]:
+        if k["kind"] == "tensor":
+            assert hashlib.sha256(sd[k["key"]].numpy().tobytes()).hexdigest() == k["sha256"], k["key"]
+
+
+def test_storage_reader_of_an_empty_url_says_nothing_is_stored(file_url):
+    # It said "file://... is a  checkpoint, not DCP".
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException) as ei:
+        dcp.load({"w": torch.zeros(2)}, storage_reader=StorageReader(file_url + "/nothing"))
+    (failure,) = ei.value.failures.values()
+    if isinstance(failure, tuple):  # torch keeps (exception, traceback)
+        failure = failure[0]
+    assert isinstance(failure, ckptkit.NotFoundError), failure
+    assert "no committed checkpoint is stored there" in str(failure)
+    assert file_url + "/nothing" in str(failure)
+
+
 def _flip_byte_in_tensor(path, key):
     md = dcp.FileSystemReader(path).read_metadata()
     (idx, info), = [(i, s) for i, s in md.storage_data.items() if i.fqn == key]

@@ -19,7 +19,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path, flags):
     assert "2 -> 2: bit-identical" in r.stdout and "2 -> 1: bit-identical" in r.stdout, r.stdout
     assert re.search(r"resumed \S+step-00000003 at step 3 .*lazy: [1-9]", r.stderr), r.stderr
     if flags:
-        assert re.search(r"step\s+12 .* staged \S+step-00000012", r.stderr) and "committed" in r.stderr, r.stderr
+        assert re.search(r"step\s+12 .* saving \S+step-00000012", r.stderr) and "committed" in r.stderr, r.stderr
 
 
 def test_async_run_is_bit_identical_to_a_sync_run(tmp_path):

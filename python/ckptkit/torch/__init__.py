@@ -188,7 +188,7 @@ def _census(osd):
 
 
 def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer=True, extra_state=None,
-         async_save=False, staging_bytes=None, **writer_options):
+         async_save=False, staging_bytes=None, prefault=False, **writer_options):
     """Write run_url/step-<8 digits>/, collectively over the default process
     group (or alone without one): the model, the optimizer (FQN keyed;
     unless save_optimizer=False, which still saves the step and the
@@ -200,15 +200,22 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     records its census (each parameter's slot names).
 
     By default it writes a DCP checkpoint through StorageWriter and returns
-    the checkpoint URL once committed. With async_save=True the Go core's
-    asynchronous saver writes it in ckptkit's native format: save returns an
-    AsyncSave as soon as the state is staged (copied out of the tensors into
-    the saver's pool, which never holds more than staging_bytes, default
-    512 MiB: a larger state is staged in pieces as uploads drain them), so
-    the caller may change its tensors at once; wait() returns the URL once
+    the checkpoint URL once committed. With async_save the Go core's
+    asynchronous saver writes it in ckptkit's native format and save
+    returns an AsyncSave: the state is staged (copied out of the tensors
+    into the saver's pool, which never holds more than staging_bytes,
+    default 512 MiB: a larger state is staged in pieces as uploads drain
+    them), then written in the background; wait() returns the URL once
     committed or raises the save's error, which the next save raises too.
-    At most one save is in flight per process: a save first waits for the
-    previous one."""
+    async_save=True (or "overlap") returns once the save is planned and
+    stages while the caller computes: the caller must not change its
+    tensors until the AsyncSave's ``staged`` future resolves, so it calls
+    ``wait_staged()`` right before ``optimizer.step()``.
+    async_save="blocking" returns once staged, so the caller may change its
+    tensors at once. prefault=True maps and faults in the whole staging
+    pool at the first save (the budget's memory from then on), so that no
+    save pays page faults while it copies. At most one save is in flight
+    per process: a save first waits for the previous one."""
     sd = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
     record = "none"
     census = None
@@ -228,10 +235,13 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
             raise UsageError(f"extra_state key {k!r} is reserved")
         sd[k] = v
     url = step_url(run_url, step)
+    if async_save not in _ASYNC_MODES:
+        raise UsageError(f"async_save={async_save!r}: use False, True (\"overlap\") or \"blocking\"")
     if async_save:
-        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options, census)
-    if staging_bytes is not None:
-        raise UsageError("staging_bytes is a parameter of async_save=True")
+        return _save_async(run_url, url, sd, int(step), record, staging_bytes, writer_options, census,
+                           overlap=async_save != "blocking", prefault=prefault)
+    if staging_bytes is not None or prefault:
+        raise UsageError("staging_bytes and prefault are parameters of async_save")
     prev = _async.current_saver()
     if prev is not None:
         # Never overlap the asynchronous save in flight; its failure, if
@@ -277,8 +287,13 @@ def _ckptkit_error(exc):
 
 _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
 
+#: The values of save()'s async_save: False (synchronous DCP), True or
+#: "overlap" (return once planned), "blocking" (return once staged).
+_ASYNC_MODES = (False, True, "overlap", "blocking")
 
-def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, census=None):
+
+def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, census=None, *, overlap: bool = True,
+                prefault: bool = False) -> AsyncSave:
     unknown = set(writer_options) - _ASYNC_OPTIONS
     if unknown:
         raise UsageError(f"async_save=True takes {sorted(_ASYNC_OPTIONS)}, not {sorted(unknown)}")
@@ -316,7 +331,7 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, c
         dist.broadcast_object_list(group, src=0)
         spec["coordinator"] = {"url": layout["coord_url"], "group": group[0],
                                "rank": dist.get_rank(), "world": dist.get_world_size()}
-    return _async.saver_for(staging_bytes).save(url, spec, tensors)
+    return _async.saver_for(staging_bytes, overlap, prefault).save(url, spec, tensors)
 
 
 @dataclass

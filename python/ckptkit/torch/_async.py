@@ -1,12 +1,17 @@
 """Asynchronous saves through the Go core's saver (saver.Saver, driven by the
 C ABI's ckpt_saver_* calls): the state is staged into the saver's pool,
-bounded by its staging budget, the call returns, and the data objects are
-written in the background with the metadata committed last. Nothing is
-staged in Python: the Go saver copies straight out of the tensors' memory
-before ckpt_saver_save returns.
+bounded by its staging budget, and the data objects are written in the
+background with the metadata committed last. Nothing is staged in Python:
+the Go saver copies straight out of the tensors' memory. In the blocking
+mode ckpt_saver_save returns once that copy is done; in the overlapped mode
+(the default of ``async_save=True``) it returns once the save is planned,
+the copy runs in the background while the caller computes, and the
+caller's tensors are kept referenced (and must stay unchanged) until
+``AsyncSave.staged`` resolves.
 """
 
 import atexit
+import concurrent.futures
 import ctypes
 import io
 import json
@@ -14,6 +19,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,29 +41,37 @@ class AsyncSaver(_lib.Closing):
     """One saver.Saver of the Go core: its staging pool (at most
     ``staging_bytes`` held at any moment, reused from save to save), at most
     one save in flight, and the rule that a background failure is reported
-    by the next save as well as by ``AsyncSave.wait``. Thread-safe."""
+    by the next save as well as by ``AsyncSave.wait``. With ``overlap`` a
+    save returns once planned and stages in the background (the caller
+    waits for ``AsyncSave.staged`` before it changes the tensors); with
+    ``prefault`` the whole pool is mapped and faulted in now, so that no
+    save pays page faults while it copies. Thread-safe."""
 
-    def __init__(self, staging_bytes=None):
+    def __init__(self, staging_bytes: Optional[int] = None, *, overlap: bool = False, prefault: bool = False) -> None:
         self._h = 0
         self._close_lock = threading.Lock()
-        self._last = None  # the newest AsyncSave
+        self._last: Optional[AsyncSave] = None  # the newest AsyncSave
         self.staging_bytes = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
+        self.overlap = bool(overlap)
+        self.prefault = bool(prefault)
         h = ctypes.c_size_t(0)
-        _lib.call("ckpt_saver_new", self.staging_bytes, ctypes.byref(h))
+        opts = {"staging_bytes": self.staging_bytes, "overlap": self.overlap, "prefault": self.prefault}
+        _lib.call("ckpt_saver_open", json.dumps(opts).encode(), ctypes.byref(h))
         self._h = h.value
 
-    def _handle(self):
+    def _handle(self) -> int:
         h = self._h
         if not h:
             raise UsageError("the saver is closed")
         return h
 
-    def save(self, url, spec, tensors):
+    def save(self, url: str, spec: dict[str, Any], tensors: Sequence[Tuple[dict[str, Any], torch.Tensor]]) -> "AsyncSave":
         """Start the save of one rank's state to the checkpoint url: spec is
         the C ABI's save spec (capi/saver.go saveSpec) without the
         tensors, tensors a list of (spec entry, contiguous CPU tensor).
-        Returns an AsyncSave once the state is staged. Ctrl-C while it
-        stages aborts it (nothing is committed)."""
+        Returns an AsyncSave once the state is staged (overlap: once the
+        save is planned; the tensors stay referenced until it is staged).
+        Ctrl-C during the call aborts the save (nothing is committed)."""
         entries, ptrs = [], []
         for entry, t in tensors:
             nbytes = t.numel() * t.element_size()
@@ -68,10 +82,11 @@ class AsyncSaver(_lib.Closing):
         arr = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
         out = ctypes.c_size_t(0)
         # tensors stays referenced for the whole call: the Go saver reads
-        # their memory until the state is staged, and never after.
+        # their memory until the state is staged, and never after (with
+        # overlap the AsyncSave keeps them until then).
         _lib.call("ckpt_saver_save", self._handle(), url.encode(), _lib.environment(), json.dumps(spec).encode(), arr,
                   len(ptrs), ctypes.byref(out))
-        self._last = AsyncSave(out.value, url)
+        self._last = AsyncSave(out.value, url, keep=list(tensors) if self.overlap else None, saver=self)
         return self._last
 
     def stats(self):
@@ -104,27 +119,88 @@ class AsyncSaver(_lib.Closing):
 
 class AsyncSave:
     """An asynchronous save returned by ``ckptkit.torch.save(...,
-    async_save=True)``: staged when you get it (the tensors may change), then
-    written in the background and committed last. Thread-safe.
+    async_save=True)``. Thread-safe.
+
+    ``staged`` is a ``concurrent.futures.Future`` that resolves (to None)
+    once the save no longer reads the caller's tensors; ``wait_staged()``
+    waits for it. With ``async_save=True`` ("overlap") save() returns once
+    the save is planned and the state is copied in the background: the
+    caller must not change its tensors (an optimizer step, a load into
+    them) until then, so it calls ``wait_staged()`` right before
+    ``optimizer.step()``. With ``async_save="blocking"`` save() returns once
+    staged and ``staged`` is already resolved. The data is then written in
+    the background and committed last.
 
     ``wait(timeout=None)`` returns the checkpoint URL once committed, or
-    raises the save's error (the ckptkit exception of its class);
-    ``done()`` tells whether it has ended; ``status`` is "staged",
-    "committed" or "failed"; ``result`` (after wait) holds the Go saver's
-    figures: bytes_written, seconds (start to commit), stall_seconds (how
-    long save() blocked: waiting for the previous save, planning, staging).
+    raises the save's error (the ckptkit exception of its class); a
+    staging failure, like an upload failure, is raised there and by the
+    next save, never by ``wait_staged()``, which only says the tensors are
+    free. ``done()`` tells whether it has ended; ``status`` is "staging",
+    "staged", "committed" or "failed"; ``result`` (after wait) holds the Go
+    saver's figures: bytes_written, seconds (start to commit),
+    stall_seconds (how long save() blocked: waiting for the previous save,
+    planning, and in the blocking mode staging), staging_seconds (planning
+    and staging, however long the caller was blocked by them).
     """
 
-    def __init__(self, handle, url):
+    def __init__(self, handle: int, url: str, *, keep: Optional[list[Any]] = None,
+                 saver: Optional[AsyncSaver] = None) -> None:
         self._h = handle
         self.url = url
-        self.result = None
-        self._error = None
+        self.result: Optional[dict[str, Any]] = None
+        self._error: Optional[BaseException] = None
         self._lock = threading.Lock()  # one wait() at a time
         # Guards the Go handle: status() may run while wait() blocks, and
         # must never query a handle wait() or __del__ released.
         self._hlock = threading.Lock()
         self._released = False
+        self._saver = saver
+        #: Resolves once the save no longer reads the caller's tensors.
+        self.staged: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.staged.set_running_or_notify_cancel()
+        self._keep = keep
+        if keep is None:
+            self.staged.set_result(None)
+        else:
+            # The tensors (and the host copies made for the save) stay
+            # referenced (self._keep) until the Go saver has copied them.
+            threading.Thread(target=self._watch_staged, name="ckptkit-staged", daemon=True).start()
+
+    def _watch_staged(self) -> None:
+        done = ctypes.c_int(0)
+        try:
+            _lib.call("ckpt_save_wait_staged", self._h, -1, ctypes.byref(done))
+        except BaseException as e:
+            self.staged.set_exception(e)
+            return
+        finally:
+            self._keep = None
+        self.staged.set_result(None)
+
+    def wait_staged(self, timeout: Optional[float] = None) -> None:
+        """Wait until the save no longer reads the tensors (at most timeout
+        seconds: TimeoutError after that, the save goes on). Call it before
+        changing them. Ctrl-C while waiting aborts the save (its staging
+        stops, nothing is committed) and propagates once the tensors are
+        free. Whether the save succeeds is wait()'s answer."""
+        try:
+            self.staged.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the save to {self.url} is still staging after {timeout} s") from None
+        except BaseException:
+            if not self.staged.done() and self._saver is not None:
+                # Interrupted: stop the staging, and return only once the
+                # Go saver has let go of the tensors.
+                self._saver.cancel()
+                concurrent.futures.wait([self.staged])
+            raise
+
+    def cancel(self) -> None:
+        """Abort the save if it is still running, staging included: it fails
+        with CanceledError (raised by wait() and by the next save) and
+        commits nothing; the tensors are free once ``staged`` resolves."""
+        if self._saver is not None and not self.done():
+            self._saver.cancel()
 
     def _release(self):
         with self._hlock:
@@ -141,7 +217,7 @@ class AsyncSave:
             pass
 
     @property
-    def status(self):
+    def status(self) -> str:
         """"staging", "staged", "committed" or "failed"."""
         if self.result is not None:
             return "committed"
@@ -154,11 +230,11 @@ class AsyncSave:
             _lib.call("ckpt_save_state", self._h, ctypes.byref(st))
         return STATES[st.value] if 0 <= st.value < len(STATES) else "failed"
 
-    def done(self):
+    def done(self) -> bool:
         """True once the save has committed or failed."""
         return self.status in ("committed", "failed")
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> str:
         """Wait for the commit (at most timeout seconds: TimeoutError after
         that, the save goes on) and return the checkpoint URL; raise the
         save's error if it failed. Waiting does not consume the error: the
@@ -189,22 +265,24 @@ class AsyncSave:
         return f"<AsyncSave {self.url} {self.status}>"
 
 
-_saver = None
+_saver: Optional[AsyncSaver] = None
 _saver_lock = threading.Lock()
 
 
-def saver_for(staging_bytes):
-    """The process's saver, with the staging budget asked for (None: the Go
-    default). A different budget replaces it once its save in flight has
-    ended (raising that save's failure if no save reported it yet)."""
+def saver_for(staging_bytes: Optional[int], overlap: bool = False, prefault: bool = False) -> AsyncSaver:
+    """The process's saver, with the staging budget (None: the Go default)
+    and the modes asked for. A saver of another budget or mode is replaced
+    once its save in flight has ended (raising that save's failure if no
+    save reported it yet)."""
     global _saver
     budget = default_staging_bytes() if staging_bytes is None else int(staging_bytes)
     with _saver_lock:
-        if _saver is not None and budget != _saver.staging_bytes:
+        if _saver is not None and (budget, bool(overlap), bool(prefault)) != (
+                _saver.staging_bytes, _saver.overlap, _saver.prefault):
             old, _saver = _saver, None
             old.close()
         if _saver is None:
-            _saver = AsyncSaver(budget)
+            _saver = AsyncSaver(budget, overlap=overlap, prefault=prefault)
         return _saver
 
 

@@ -28,6 +28,7 @@ import io
 import json
 import os
 import pickle
+import struct
 import zipfile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -183,6 +184,20 @@ def item_pickle(item):
     info = pkls[0]
     if info.compress_type != zipfile.ZIP_STORED or info.file_size > len(item):
         raise pickle.UnpicklingError("data.pkl is compressed or larger than the item")
+    if info.CRC == 0 and info.file_size > 0:
+        # torch >= 2.7 saving with compute_crc32 = False records CRC-32 0:
+        # no checksum to check (zipfile would report a bad CRC-32). The
+        # stored bytes follow the entry's local header, as the Go reader
+        # takes them.
+        h = info.header_offset
+        if bytes(item[h:h + 4]) != ZIP_MAGIC:
+            raise pickle.UnpicklingError("data.pkl: no local file header at its offset")
+        name_len, extra_len = struct.unpack_from("<HH", item, h + 26)
+        start = h + 30 + name_len + extra_len
+        data = bytes(item[start:start + info.file_size])
+        if len(data) != info.file_size:
+            raise pickle.UnpicklingError("data.pkl: the item ends inside it")
+        return data
     try:
         return zf.read(info)
     except (zipfile.BadZipFile, ValueError, OSError) as e:

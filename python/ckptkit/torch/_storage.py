@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 import warnings
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -50,7 +51,7 @@ from torch.futures import Future
 
 import ckptkit
 from ckptkit import _lib
-from ckptkit.errors import ChecksumError, ConflictError, UnsupportedError, UsageError
+from ckptkit.errors import ChecksumError, ConflictError, NotFoundError, UnsupportedError, UsageError
 
 from ._crcs import read_item_crcs
 from ._restricted import ForbiddenGlobalError, check_item, load_metadata
@@ -281,6 +282,23 @@ class StorageWriter(_TorchStorageWriter):
         self._staged = None  # the copy stage() made, reused by the next stage()
         self._busy = threading.Lock()  # held from stage() to the end of finish()
         self._previous = {}  # save id -> keys of the checkpoint an overwrite replaces
+
+    # -- pickling ------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The writer's configuration and save state, without what lives in
+        this process only (the open store, the kept staging copy, the lock):
+        torch's AsyncCheckpointerType.PROCESS pickles the writer into its
+        checkpoint process, which re-opens the store on first use."""
+        state = self.__dict__.copy()
+        state["_store"] = None
+        state["_staged"] = None
+        del state["_busy"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
 
     # -- torch.distributed.checkpoint.staging.AsyncStager --------------------
 
@@ -676,6 +694,18 @@ class StorageReader(_TorchStorageReader):
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, str) and "://" in checkpoint_id
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The reader's configuration and load state, without the open
+        checkpoint (a library handle of this process): the process that
+        unpickles it opens the checkpoint at its URL on first use."""
+        state = self.__dict__.copy()
+        state["_given"] = None
+        state["_ckpt"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def read_metadata(self):
         try:
             ck = self._checkpoint()
@@ -1019,6 +1049,8 @@ class Checkpoint(_lib.Closing):
         allow-list (_restricted.MetadataUnpickler), and any failure is a
         BadCheckpointError."""
         if self._md is None:
+            if self.none:
+                raise NotFoundError(f"{self.url}: no committed checkpoint is stored there (check the URL)")
             if self.info.get("format") != "torch-dcp":
                 raise UnsupportedError(f"{self.url} is a {self.info.get('format')} checkpoint, not DCP")
             try:
