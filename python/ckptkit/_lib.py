@@ -32,6 +32,7 @@ import json
 import os
 import queue
 import threading
+import time
 
 from . import errors
 
@@ -251,12 +252,17 @@ def _helper():
 POLL_SECONDS = 0.05
 
 
-def wait_future(fut):
+def wait_future(fut, timeout=None):
     """fut's result, waited for in slices of POLL_SECONDS (so that Ctrl-C
     or a signal handler's exception interrupts the wait promptly, whichever
-    thread the signal was delivered to)."""
+    thread the signal was delivered to); concurrent.futures.TimeoutError
+    after timeout seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while not fut.done():
-        concurrent.futures.wait((fut,), timeout=POLL_SECONDS)
+        left = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+        if left <= 0:
+            raise concurrent.futures.TimeoutError()
+        concurrent.futures.wait((fut,), timeout=left)
     return fut.result()
 
 
@@ -270,7 +276,7 @@ def queue_get(q):
             continue
 
 
-def _wait_out(fut):
+def wait_out(fut):
     """Wait for fut to end, whatever arrives meanwhile (the Go call still
     uses the caller's buffers until it returns; once cancelled it does so
     promptly)."""
@@ -289,7 +295,7 @@ def cancel_all(futures, scope=None):
     for f in futures:
         f.cancel()
     for f in futures:
-        _wait_out(f)
+        wait_out(f)
 
 
 def wait_all(futures, scope=None):
@@ -346,7 +352,7 @@ def call(name, *args, scope=None):
                 # to return, and raise what interrupted (not its
                 # CanceledError).
                 sc.cancel()
-                _wait_out(fut)
+                wait_out(fut)
                 raise
             raise
     finally:
