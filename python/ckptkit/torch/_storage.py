@@ -1030,6 +1030,23 @@ class Checkpoint(_lib.Closing):
         self._crcs = False
         self._store = ckptkit.Store._from_handle(h.value, self.url)
 
+    @classmethod
+    def _lent(cls, handle, info):
+        """The checkpoint a resume of the Go core lends its load callback
+        (ckpt_run_resume): valid during the callback; close() only forgets
+        the handle (the resume owns it)."""
+        ck = cls.__new__(cls)
+        ck._h = handle
+        ck._close_lock = threading.Lock()
+        ck.info = info
+        ck.url = info["url"]
+        ck._md = None
+        ck._crcs = False
+        ck._store = ckptkit.Store._from_handle(handle, ck.url)
+        ck._lent_handle = True
+        ck.load_failed = False
+        return ck
+
     @property
     def none(self):
         """True when the run holds no committed checkpoint."""
@@ -1146,14 +1163,18 @@ class Checkpoint(_lib.Closing):
         """The redacted URL of an object of the checkpoint."""
         return self._store.object_url(key)
 
-    def load(self, spec, buffers):
+    def load(self, spec, buffers, *, scope=None):
         """Run the Go loader (every resume rule, every CRC, before any
-        buffer changes) on spec (see capi/checkpoint.go loadSpec) into the
-        C buffers (addresses) listed in buffers."""
+        buffer changes unless spec's one_pass) on spec (see
+        capi/checkpoint.go loadSpec) into the C buffers (addresses) listed
+        in buffers. ``load_failed`` says whether the last load failed."""
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        self.load_failed = True
+        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out),
+                  scope=scope)
+        self.load_failed = False
         return json.loads(_lib.take_string(out.value))
 
     def _handle(self):
@@ -1169,4 +1190,5 @@ class Checkpoint(_lib.Closing):
             h, self._h = self._h, 0
         if h:
             self._store._h = 0
-            _lib.call("ckpt_checkpoint_close", h)
+            if not getattr(self, "_lent_handle", False):
+                _lib.call("ckpt_checkpoint_close", h)
