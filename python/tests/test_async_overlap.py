@@ -19,7 +19,9 @@ import pickle
 import resource
 import signal
 import socket
+import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -28,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import ckptkit
-from ckptkit.torch import StorageReader, StorageWriter, resume, save, step_url
+from ckptkit.torch import StorageReader, StorageWriter, close, resume, save, step_url
 
 from conftest import sub_url
 from models import make, snapshot, train
@@ -183,6 +185,46 @@ def test_cancel_aborts_staging_and_commits_nothing(s3_proxy):
         save(url, m, opt, step=4, scheduler=sched, async_save=True, staging_bytes=4 << 20)
     assert resume(url, *make(seed=2)[:2]) is None  # nothing committed: a fresh start
     assert save(url, m, opt, step=4, scheduler=sched, async_save=True, staging_bytes=4 << 20).wait() == step_url(url, 4)
+
+
+def _interrupt_main_once_in(func_name):
+    """A thread that sends SIGINT to the main thread once the main thread is
+    inside func_name (its stack observed, not timed)."""
+    main = threading.main_thread().ident
+
+    def run():
+        while True:
+            f = sys._current_frames().get(main)
+            while f is not None and f.f_code.co_name != func_name:
+                f = f.f_back
+            if f is not None:
+                break
+            time.sleep(0.001)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_ctrl_c_in_wait_staged_aborts_the_save_once_the_tensors_are_free(s3_proxy):
+    url, proxy = s3_proxy
+    m, opt, sched, ballast = _trained_with_ballast(16)
+    proxy.hold.clear()
+    h = save(url, m, opt, step=3, scheduler=sched, extra_state={"ballast": ballast}, async_save=True,
+             staging_bytes=4 << 20)
+    proxy.held.wait()
+    t = _interrupt_main_once_in("wait_staged")
+    with pytest.raises(KeyboardInterrupt):
+        h.wait_staged()  # staging cannot end while the proxy holds the uploads
+    t.join()
+    assert h.staged.done(), "the interrupt propagates once the save no longer reads the tensors"
+    with pytest.raises(ckptkit.CanceledError):
+        h.wait()
+    proxy.hold.set()
+    assert resume(url, *make(seed=2)[:2]) is None  # nothing committed
+    with pytest.raises(ckptkit.CanceledError):  # the saver still reports it, once
+        close()
 
 
 @contextlib.contextmanager

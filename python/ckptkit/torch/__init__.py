@@ -25,6 +25,7 @@ import threading
 import uuid
 import warnings
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -312,7 +313,7 @@ _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
 #: "overlap" (return once planned), "blocking" (return once staged).
 _ASYNC_MODES = (False, True, "overlap", "blocking")
 
-def _refuse_dtensor(model, optimizer, what):
+def _refuse_dtensor(model: torch.nn.Module, optimizer: Any, what: str) -> None:
     """UsageError when the model holds DTensor (sharded) parameters: a
     node-local tier holds each rank's whole, replicated state."""
     try:
@@ -325,8 +326,10 @@ def _refuse_dtensor(model, optimizer, what):
                              "DTensor (sharded): save and resume it without local=")
 
 
-def _save_tiered(run_url, local, model, optimizer, sd, step, record, census, async_save, staging_bytes, prefault,
-                 persist_every, local_keep, writer_options):
+def _save_tiered(run_url: str, local: str, model: torch.nn.Module, optimizer: Any, sd: dict[str, Any], step: int,
+                 record: str, census: Optional[dict[str, Any]], async_save: Any, staging_bytes: Optional[int],
+                 prefault: bool, persist_every: Optional[int], local_keep: Optional[int],
+                 writer_options: dict[str, Any]) -> str:
     if async_save:
         raise UsageError("local= does not take async_save=True: the local save is the fast one (commit it "
                          "synchronously, the durable copy is made in the background)")
@@ -348,7 +351,7 @@ class _Tier(_lib.Closing):
     """A tiered run of the Go core (run.Tiered): the local tier of this
     process and the durable run, persisting in the background."""
 
-    def __init__(self, run_url, local, persist_every, local_keep, no_persist):
+    def __init__(self, run_url: str, local: str, persist_every: int, local_keep: int, no_persist: bool) -> None:
         h = ctypes.c_size_t(0)
         spec = {"persist_every": persist_every, "local_keep": local_keep, "no_persist": no_persist}
         _lib.call("ckpt_tiered_open", os.fspath(local).encode(), os.fspath(run_url).encode(), _lib.environment(),
@@ -356,14 +359,15 @@ class _Tier(_lib.Closing):
         self._h = h.value
         self._lock = threading.Lock()
 
-    def committed(self, step):
+    def committed(self, step: int) -> list[dict[str, Any]]:
         """Tell the run step is committed locally; raise a persist that
         failed since the last call."""
         out = ctypes.c_void_p()
         _lib.call("ckpt_tiered_committed", self._h, int(step), ctypes.byref(out))
-        return json.loads(_lib.take_string(out.value))
+        ended: list[dict[str, Any]] = json.loads(_lib.take_string(out.value))
+        return ended
 
-    def close(self, grace=None):
+    def close(self, grace: Optional[float] = None) -> None:
         """Wait at most grace seconds (None: unbounded) for the persist in
         flight, then cancel what is left and release the run; raise a
         failed persist or the grace running out (idempotent)."""
@@ -382,11 +386,11 @@ class _Tier(_lib.Closing):
             _lib.call("ckpt_tiered_close", h, ms)
 
 
-_tiers = {}
+_tiers: dict[tuple[str, str], _Tier] = {}
 _tiers_lock = threading.Lock()
 
 
-def _tier(run_url, local, persist_every, local_keep, no_persist):
+def _tier(run_url: str, local: str, persist_every: int, local_keep: int, no_persist: bool) -> _Tier:
     key = (os.fspath(run_url), os.fspath(local))
     with _tiers_lock:
         t = _tiers.get(key)
@@ -395,7 +399,7 @@ def _tier(run_url, local, persist_every, local_keep, no_persist):
         return t
 
 
-def close(persist_grace=None):
+def close(persist_grace: Optional[float] = None) -> None:
     """Wait for the asynchronous save in flight, if any, and release the
     process's saver (raising the save's error if no call reported it yet);
     then wait (at most persist_grace seconds, None: until done) for the
@@ -408,11 +412,11 @@ def close(persist_grace=None):
         _close_tiers(persist_grace)
 
 
-def _close_tiers(grace):
+def _close_tiers(grace: Optional[float]) -> None:
     with _tiers_lock:
         tiers = list(_tiers.values())
         _tiers.clear()
-    first = None
+    first: Optional[BaseException] = None
     for t in tiers:
         try:
             t.close(grace)
@@ -422,7 +426,7 @@ def _close_tiers(grace):
         raise first
 
 
-def _close_tiers_at_exit():
+def _close_tiers_at_exit() -> None:
     if _lib.forked():
         return  # a forked child's copies of the parent's runs are not its own
     try:
@@ -512,7 +516,7 @@ class ResumeReport:
     #: The tier resumed from, with resume(local=...): "local" (every
     #: rank's local copy verified and loaded) or "durable"; None without
     #: local.
-    tier: str = None
+    tier: Optional[str] = None
     #: Why that tier (the Go core's words).
     tier_why: str = ""
 
@@ -700,7 +704,7 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     rank = _rank()
     attempt = _Attempt()
 
-    def load(h, raw_info):
+    def load(h: int, raw_info: bytes) -> int:
         # Called by the Go core (ckpt_run_resume) for each checkpoint it
         # chose: a fallback past damage and the ranks agreeing on an older
         # step call it again, and each call overwrites every target.
@@ -768,14 +772,14 @@ class _Attempt:
     """The state of a resume's load callback: the last load's report, and
     the failure of the last one (whether it was the Go loader's)."""
 
-    def __init__(self):
-        self.report = None
-        self.error = None
+    def __init__(self) -> None:
+        self.report: Optional[ResumeReport] = None
+        self.error: Optional[BaseException] = None
         self.from_go = False
-        self.scope = None
+        self.scope: Optional[_lib.CancelScope] = None
 
 
-def _coordinator(kind):
+def _coordinator(kind: str) -> Optional[dict[str, Any]]:
     """The store coordinator's group of a collective call of the Go core
     over the default process group (None alone): a name rank 0 makes
     unique, and this rank's place."""

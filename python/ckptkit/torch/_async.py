@@ -256,6 +256,9 @@ class AsyncSave:
                         raise TimeoutError(f"the save to {self.url} has not ended after {timeout} s")
                     self.result = json.loads(_lib.take_string(out.value))
                 if self.result is not None or self._error is not None:
+                    # The save has ended, so it is staged: let the watcher
+                    # of staged finish its call on the handle first.
+                    concurrent.futures.wait([self.staged])
                     self._release()
             if self._error is not None:
                 raise self._error

@@ -1031,7 +1031,7 @@ class Checkpoint(_lib.Closing):
         self._store = ckptkit.Store._from_handle(h.value, self.url)
 
     @classmethod
-    def _lent(cls, handle, info):
+    def _lent(cls, handle: int, info: dict[str, Any]) -> "Checkpoint":
         """The checkpoint a resume of the Go core lends its load callback
         (ckpt_run_resume): valid during the callback; close() only forgets
         the handle (the resume owns it)."""
