@@ -20,6 +20,28 @@ the stall per save (how long save blocked the loop), the save time (start to
 commit), the peak RSS above the state during the async saves, and the ratio
 async stall / sync save time (--async-saves 0 skips them).
 
+Then the training-loop rows (--loop-steps N, default 8; 0 skips them; --only-loop
+runs only these): a loop whose step reads the whole state ("forward and backward":
+a sum over every tensor) and then writes it ("optimizer step": add_ on every
+tensor), saving every step and every 4 steps, in each mode:
+
+  sync      ckptkit.torch.save, synchronous (DCP through StorageWriter)
+  blocking  ckptkit.torch.save(async_save="blocking"): returns once staged
+  overlap   ckptkit.torch.save(async_save=True): returns once planned; the
+            loop calls wait_staged() right before the update
+  dcp-ckptkit / dcp-fs   dcp.async_save with DefaultStager(use_async_staging=True)
+            into ckptkit's StorageWriter / torch's FileSystemWriter (one stager
+            and one writer for the run); the loop waits on staging_completion
+            before the update and on the previous upload before the next save
+            (torchtitan's loop; torch >= 2.9)
+
+ckptkit's async modes stage into a prefaulted pool of --loop-staging-bytes
+(default the state + 64 MiB). Per mode and cadence it prints the stall per save
+(the loop blocked by saving: the call, the wait for staging, the wait for the
+previous save; not the wait for the last save after the loop), the stall over
+the synchronous save time, the median compute time of the steps that ran while
+a save was staging and of the others, and the peak RSS above the state.
+
 `make bench` runs it when the torch environment exists (docs/PERFORMANCE.md).
 """
 
@@ -122,6 +144,133 @@ def async_rows(sd, work, saves, staging_bytes):
     return out, peak.peak - base
 
 
+LOOP_MODES = ("sync", "blocking", "overlap", "dcp-ckptkit", "dcp-fs")
+
+
+def _dcp_stager():
+    """torch's DefaultStager with background staging on the CPU, or None
+    when this torch has none."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    except ImportError:
+        return None
+    return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=True,
+                                        use_non_blocking_copy=False))
+
+
+def loop_rows(sd, work, steps, every, mode, staging_bytes):
+    """One training loop of steps steps saving every `every` steps in mode
+    (LOOP_MODES); returns its figures, or None when this torch lacks the
+    mode."""
+    from torch import nn
+
+    stager = _dcp_stager() if mode.startswith("dcp-") else None
+    if mode.startswith("dcp-") and stager is None:
+        return None
+    ts = [v for v in sd.values() if torch.is_tensor(v)]
+    m = nn.Module()
+    for k, v in sd.items():
+        if torch.is_tensor(v):
+            m.register_buffer(k.replace(".", "_"), v)
+    root = os.path.join(work, f"loop-{mode}-{every}")
+    os.makedirs(root)
+    url = "file://" + root
+    writer = None
+    if mode == "dcp-ckptkit":
+        writer = StorageWriter(url + "/first")
+    elif mode == "dcp-fs":
+        writer = dcp.FileSystemWriter(os.path.join(root, "first"))
+
+    def compute():
+        acc = 0.0
+        for t in ts:
+            acc += float(t.sum())
+        return acc
+
+    def update():
+        with torch.no_grad():
+            for t in ts:
+                t.add_(1.0)
+
+    stalls, staging_waits, overlapped, other, save_times = [], [], [], [], []
+    staged = None  # what resolves once the newest save stops reading the state
+    pending = None  # the newest save (AsyncSave, or DCP's upload future)
+    done_dirs = []
+    base = rss_bytes()
+    with PeakRSS() as peak:
+        if mode in ("blocking", "overlap"):
+            # The process's saver, made (and its pool faulted in) once
+            # before the loop, as a job makes it at its start.
+            ct._async.saver_for(staging_bytes, mode == "overlap", True)
+        t_start = time.perf_counter()
+        for step in range(1, steps + 1):
+            busy = staged is not None and not staged.done()
+            t0 = time.perf_counter()
+            compute()
+            (overlapped if busy else other).append(time.perf_counter() - t0)
+            if staged is not None:
+                t0 = time.perf_counter()
+                staged.result()
+                waited = time.perf_counter() - t0
+                staging_waits.append(waited)
+                stalls[-1] += waited
+                staged = None
+            update()
+            if step % every:
+                continue
+            name = f"step-{step:08d}"
+            t0 = time.perf_counter()
+            if mode == "sync":
+                ct.save(url, m, step=step)
+                save_times.append(time.perf_counter() - t0)
+            elif mode in ("blocking", "overlap"):
+                h = ct.save(url, m, step=step, async_save=True if mode == "overlap" else "blocking",
+                            staging_bytes=staging_bytes, prefault=True)
+                if pending is not None:  # committed before this save started
+                    pending.wait()
+                    save_times.append(pending.result["seconds"])
+                pending, staged = h, (h.staged if mode == "overlap" else None)
+            else:
+                if pending is not None:
+                    pending.result()
+                    save_times.append(time.perf_counter() - pending.started)
+                resp = dcp.async_save(sd, checkpoint_id=url + "/" + name if mode == "dcp-ckptkit" else os.path.join(root, name),
+                                      storage_writer=writer, async_stager=stager)
+                pending, staged = resp.upload_completion, resp.staging_completion
+                pending.started = t0
+            stalls.append(time.perf_counter() - t0)
+            # The checkpoint before the one just started is committed:
+            # remove it (outside the timed parts) to bound the disk used.
+            for d in done_dirs[:-1]:
+                shutil.rmtree(d, ignore_errors=True)
+            done_dirs = done_dirs[-1:] + [os.path.join(root, name)]
+        loop_seconds = time.perf_counter() - t_start
+        t0 = time.perf_counter()
+        if isinstance(pending, ct.AsyncSave):
+            pending.wait()
+            save_times.append(pending.result["seconds"])
+        elif pending is not None:
+            pending.result()
+            save_times.append(time.perf_counter() - pending.started)
+        final_wait = time.perf_counter() - t0
+    if stager is not None:
+        stager.close()
+    ct.close()  # the process's saver and its pool
+    shutil.rmtree(root, ignore_errors=True)
+    return {"mode": mode, "every": every, "steps": steps, "saves": len(stalls), "stalls": stalls,
+            "staging_waits": staging_waits, "save_seconds": save_times, "final_wait": final_wait,
+            "compute_overlapped": overlapped, "compute_other": other, "loop_seconds": loop_seconds,
+            "peak_rss_above_state": peak.peak - base}
+
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+def fmt(x):
+    return "-" if x != x else f"{x:.3f}"
+
+
 def spread(v):
     return f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]"
 
@@ -174,7 +323,14 @@ def main():
     ap.add_argument("--concurrency", type=int, default=0, help="StorageWriter/Reader concurrency (default: theirs)")
     ap.add_argument("--async-saves", type=int, default=5, help="saves per mode of the async rows (0: skip them)")
     ap.add_argument("--staging-bytes", type=int, default=None, help="async staging budget (default: the Go saver's)")
+    ap.add_argument("--loop-steps", type=int, default=8, help="steps per training-loop row (0: skip them)")
+    ap.add_argument("--loop-modes", default=",".join(LOOP_MODES), help="the training-loop modes to run")
+    ap.add_argument("--loop-staging-bytes", type=int, default=0,
+                    help="staging budget of the loop rows' async modes (default: the state + 64 MiB)")
+    ap.add_argument("--only-loop", action="store_true", help="run the training-loop rows only")
     args = ap.parse_args()
+    if args.only_loop:
+        return main_loop(args)
     wopts, ropts = {}, {}
     if args.part_size:
         wopts["part_size"] = args.part_size
@@ -257,9 +413,54 @@ def main():
         print(f"async stall / sync save time: {ratio:.3f}x (medians); peak RSS above the state during the saves "
               f"{above / (1 << 20):.0f} MiB (budget {budget >> 20} MiB)")
         out["async"] = {"runs": rows, "stall_over_sync_save": ratio, "peak_rss_above_state": above, "budget": budget}
+    if args.loop_steps:
+        out["loop"] = run_loop(args, sd, nbytes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def main_loop(args):
+    sd = state(args.bytes)
+    nbytes = sum(v.numel() * v.element_size() for v in sd.values() if torch.is_tensor(v))
+    out = {"bytes": nbytes, "torch": torch.__version__, "loop": run_loop(args, sd, nbytes)}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def run_loop(args, sd, nbytes):
+    """The training-loop rows: every mode, saving every step and every 4
+    steps; prints the table and returns the rows."""
+    budget = args.loop_staging_bytes or nbytes + (64 << 20)
+    modes = [m for m in args.loop_modes.split(",") if m]
+    work = tempfile.mkdtemp(prefix="torch-bench-loop-", dir=args.dir)
+    rows = []
+    load_before = open("/proc/loadavg").read().split()[0]
+    try:
+        for every in (1, 4):
+            for mode in modes:
+                r = loop_rows(sd, work, args.loop_steps * every, every, mode, budget)
+                if r is not None:
+                    r["load_average"] = open("/proc/loadavg").read().split()[0]
+                    rows.append(r)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    load_after = open("/proc/loadavg").read().split()[0]
+    print(f"training loop, torch {torch.__version__}: {nbytes / (1 << 20):.0f} MiB state, a step reading it all "
+          f"(compute) then writing it all (update); {args.loop_steps} saves per row; ckptkit async pool "
+          f"{budget >> 20} MiB prefaulted; dir {args.dir}; load average {load_before} -> {load_after}")
+    print(f"{'mode':<13}{'every':>6}{'stall/save s, median [min, max]':>34}{'stall/sync save':>16}{'save s':>8}"
+          f"{'staging wait':>13}{'compute ovl / other s':>23}{'step s':>8}{'peak RSS+':>10}{'final':>7}")
+    sync_save = {r["every"]: med(r["save_seconds"]) for r in rows if r["mode"] == "sync"}
+    for r in rows:
+        ratio = med(r["stalls"]) / sync_save[r["every"]] if r["every"] in sync_save else float("nan")
+        r["stall_over_sync_save"] = ratio
+        print(f"{r['mode']:<13}{r['every']:>6}{spread(r['stalls']):>34}{ratio:>15.3f}x{med(r['save_seconds']):>8.2f}"
+              f"{fmt(med(r['staging_waits'])):>13}{fmt(med(r['compute_overlapped'])):>11} / {fmt(med(r['compute_other'])):<9}"
+              f"{r['loop_seconds'] / r['steps']:>8.3f}"
+              f"{r['peak_rss_above_state'] / (1 << 20):>8.0f}Mi{r['final_wait']:>7.2f}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"unsafe"
 
 	"github.com/ckptkit/ckptkit/backend"
@@ -30,8 +31,19 @@ type ckptHandle struct {
 	// checkpoint itself); it shares its driver with st.
 	run *backend.Store
 	// env is the environment the checkpoint was opened with (nil: the
-	// process's), for the stores a fallback opens.
+	// process's).
 	env map[string]string
+	// borrowed: a checkpoint a resume (ckpt_run_resume) lends its load
+	// callback; the resume owns its store.
+	borrowed bool
+	// outcome is the last load's, and a failure the caller reported
+	// (ckpt_checkpoint_fail), for the resume that lent the handle.
+	outcome struct {
+		sync.Mutex
+		rep      *loader.Report
+		err      error
+		reported error
+	}
 }
 
 // ckptInfo describes the checkpoint a resume chose.
@@ -175,8 +187,8 @@ func ckpt_checkpoint_metadata(h C.uintptr_t, out *unsafe.Pointer, n *C.int64_t, 
 func ckpt_checkpoint_close(h C.uintptr_t, cls *C.int, rule, msg **C.char) C.int {
 	return guard("ckpt_checkpoint_close", cls, rule, msg, func() error {
 		ch, err := remove[*ckptHandle](&handles, uint64(h), "checkpoint")
-		if err != nil {
-			return err
+		if err != nil || ch.borrowed {
+			return err // a borrowed checkpoint's resume closes its store
 		}
 		return closeStore(&ch.storeHandle)
 	})
@@ -204,13 +216,11 @@ type loadSpec struct {
 	Frozen      []string   `json:"frozen"`
 	Concurrency int        `json:"concurrency"`
 	Quiet       bool       `json:"quiet"`
-	// FallbackRun, when set, is the URL of the run the checkpoint belongs
-	// to: a load that finds the checkpoint's data damaged falls back to
-	// the next older valid checkpoint of the run (run.Run.Load,
-	// the rule of `ckpt train --resume`), loading one pass into the same
-	// buffers, which each attempt overwrites. Without it the load is
+	// OnePass loads in one pass, each tensor written once as its bytes
+	// are checked (for a resume that may fall back past damage: every
+	// attempt overwrites every target). Without it the load is
 	// transactional: a failure leaves the buffers as they were.
-	FallbackRun string `json:"fallback_run"`
+	OnePass bool `json:"one_pass"`
 }
 
 // ckpt_checkpoint_load runs loader.Checkpoint.Load: the resume rules of
@@ -238,52 +248,24 @@ func ckpt_checkpoint_load(tok, h C.uintptr_t, spec *C.char, bufs *unsafe.Pointer
 				if ch.env != nil {
 					ctx = backend.WithEnv(ctx, ch.env)
 				}
-				run, found, err := ch.fallbackFrom(ctx, ls.FallbackRun)
-				if err != nil {
-					return err
-				}
 				opts := loader.Options{NoLoadOptimizer: ls.NoLoadOptimizer, ModelPrefix: ls.ModelPrefix, OptimizerPrefix: ls.OptimizerPrefix,
-					ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency,
-					// Without a fallback the Python resume promises that a failed load
-					// leaves the caller's tensors as they were; with one, every
-					// attempt overwrites every target, so one pass is enough.
-					Transactional: found == nil}
+					ParamGroups: ls.ParamGroups, Frozen: ls.Frozen, Concurrency: ls.Concurrency, Transactional: !ls.OnePass}
 				if ls.Quiet {
 					opts.Logger = slog.New(slog.DiscardHandler)
 				}
-				var targets []*statedict.StateDict
-				load := func(c *loader.Checkpoint) (*loader.Report, error) {
-					if targets, err = ls.targets(ptrs); err != nil {
-						return nil, err
-					}
-					return c.Load(ctx, targets, opts)
+				targets, err := ls.targets(ptrs)
+				var rep *loader.Report
+				if err == nil {
+					rep, err = ch.ck.Load(ctx, targets, opts)
 				}
-				var (
-					rep       *loader.Report
-					fallbacks []skipped
-					info      *ckptInfo
-				)
-				if found == nil {
-					rep, err = load(ch.ck)
-				} else {
-					var l *ckrun.Loaded
-					l, err = ckrun.New(run).Load(ctx, found, func(_ context.Context, c *loader.Checkpoint) (*loader.Report, error) { return load(c) }, nil)
-					if err == nil {
-						rep, fallbacks = l.Report, skippedOf(l.Skipped, ckrun.Damaged)
-						if l.Checkpoint != ch.ck {
-							ch.switchTo(run, l, fallbacks)
-							info = &ch.info
-						}
-					}
-					if run != ch.run {
-						_ = run.Close() // opened for a fallback that was not needed
-					}
-				}
+				ch.outcome.Lock()
+				ch.outcome.rep, ch.outcome.err, ch.outcome.reported = rep, err, nil
+				ch.outcome.Unlock()
 				if err != nil {
 					return err
 				}
 				out := newLoadReport(rep)
-				out.Bytes, out.Fallbacks, out.Info = make([]map[string][]byte, len(targets)), nonNil(fallbacks), info
+				out.Bytes = make([]map[string][]byte, len(targets))
 				for r, sd := range targets {
 					out.Bytes[r] = sd.Bytes
 				}
@@ -312,43 +294,6 @@ func (ls *loadSpec) targets(ptrs []unsafe.Pointer) ([]*statedict.StateDict, erro
 		targets[r] = sd
 	}
 	return targets, nil
-}
-
-// fallbackFrom returns the run and the entry of the open checkpoint for a
-// load that may fall back to older checkpoints of runURL, or nil, nil when
-// runURL is empty or the checkpoint is not a step of a run.
-func (ch *ckptHandle) fallbackFrom(ctx context.Context, runURL string) (*backend.Store, *ckrun.Found, error) {
-	if runURL == "" {
-		return nil, nil, nil
-	}
-	name, step, ok := ckrun.StepOf(ch.ck.URL())
-	if !ok {
-		return nil, nil, nil
-	}
-	run := ch.run
-	if run == nil {
-		sh, err := openStore(ctx, runURL)
-		if err != nil {
-			return nil, nil, fmt.Errorf("open the run %s to fall back in: %w", runURL, err)
-		}
-		run = sh.st
-	}
-	return run, &ckrun.Found{Entry: catalog.Entry{Name: name, Step: step, URL: ch.ck.URL(), Committed: true}, Checkpoint: ch.ck}, nil
-}
-
-// switchTo makes the handle the checkpoint of run that a fallback loaded
-// (the damaged ones listed in fallbacks), releasing the store of the one
-// it held when run is not its run.
-func (ch *ckptHandle) switchTo(run *backend.Store, l *ckrun.Loaded, fallbacks []skipped) {
-	if ch.run != run {
-		_ = closeStore(&ch.storeHandle)
-	}
-	skips := append(ch.info.Skipped, fallbacks...)
-	env := ch.env
-	*ch = *newCkptHandle(&storeHandle{st: run}, l.Checkpoint, l.Entry.Name, skips)
-	ch.env = env
-	ch.info.Step = l.Entry.Step
-	ch.run = run
 }
 
 // tensorSpec is one tensor crossing the ABI in a load or save spec: its

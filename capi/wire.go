@@ -83,10 +83,6 @@ type loadReport struct {
 	// DCP checkpoint: JSON text, or the raw torch.save item for values
 	// without a JSON form), base64 in the JSON.
 	Bytes []map[string][]byte `json:"bytes"`
-	// Fallbacks are the damaged checkpoints passed over, newest first
-	// (FallbackRun only); Info is then the checkpoint loaded instead.
-	Fallbacks []skipped `json:"fallbacks"`
-	Info      *ckptInfo `json:"info,omitempty"`
 }
 
 // newLoadReport is the wire form of rep.

@@ -28,8 +28,6 @@ func wireSamples() map[string]any {
 	info := ckptInfo{URL: "file:///r/step-00000010", Name: "step-00000010", Step: 10, Format: "native", Iteration: 10,
 		Optimizer: "adamw", Skipped: []skipped{{URL: "file:///r/step-00000011", Reason: "uncommitted"}}, None: true, Empty: true}
 	rep.Bytes = []map[string][]byte{{"step": []byte("10")}}
-	rep.Fallbacks = []skipped{{URL: "file:///r/step-00000012", Reason: "checksum"}}
-	rep.Info = &info
 	return map[string]any{
 		"capabilities":    capabilitiesJSON{CreateIfAbsent: true, ServerCRC32C: true, Multipart: true, PartSize: 16 << 20, Concurrency: 8},
 		"list_entry":      listEntry{Key: "a/b", Size: 5, MTimeNs: 1700000000000000000},
@@ -38,6 +36,12 @@ func wireSamples() map[string]any {
 		"save_result": saveResult{URL: "file:///r/step-00000010", BytesWritten: 100, MetadataBytes: 10, Seconds: 1.5,
 			StallSeconds: 0.5, WaitedSeconds: 0.25, StagingSeconds: 0.125, Warning: "cleanup"},
 		"saver_stats": saverStatsJSON{BudgetBytes: 4, PoolBytes: 3, HeldBytes: 2, PeakBytes: 1},
+		"load_info": loadInfo{URL: "file:///r/step-00000010", Name: "step-00000010", Step: 10, Format: "native", Iteration: 10,
+			Optimizer: "adamw", OnePass: true},
+		"resume_result": resumeResult{Fresh: true, Empty: true, URL: "file:///r/step-00000010", Name: "step-00000010", Step: 10,
+			Iteration: 10, Skipped: []resumeSkip{{URL: "file:///r/step-00000012", Reason: "checksum", Why: "damaged"}},
+			Tier: "local", TierWhy: "every rank's local copy verified"},
+		"persist": persistOutcome{Step: 4, Retries: 1, Bytes: 100, Error: "persist failed"},
 	}
 }
 

@@ -33,6 +33,8 @@ var runLayerCases = []testCase{
 	checkpointCase("run/choose", caseRunChoose),
 	checkpointCase("run/ranks-agree-through-the-store", caseRunRanksAgree),
 	checkpointCase("run/ranks-share-refusal-and-fresh-start", caseRunRanksShare),
+	checkpointCase("run/only-coordinator-objects-is-fresh", caseRunOnlyCoordinator),
+	checkpointCase("run/resume-url", caseRunResumeURL),
 }
 
 // runSteps saves newFixture(step) as step's checkpoint of the run at st,
@@ -320,4 +322,62 @@ func caseRunRanksShare(t T, h *Harness) {
 		assert.Equal(t, ckpterr.BadCheckpoint, ckpterr.ClassOf(errs[rank]), "rank %d", rank)
 	}
 	assert.Zero(t, calls.Load())
+}
+
+// A run holding nothing but the store coordinator's objects (a multi-rank
+// resume of a fresh run whose rank 0 never removed its group) is a fresh
+// start, never a refusal nor an incomplete checkpoint: Resume, Choose and
+// ResumeURL agree.
+func caseRunOnlyCoordinator(t T, h *Harness) {
+	ctx := context.Background()
+	st := h.NewStore(t)
+	require.NoError(t, st.PutBytes(ctx, run.CoordPrefix+"/resume-1/0/0", []byte("x"), backend.PutOptions{}))
+	l := &rankLoad{f: newFixture(1), world: 1}
+
+	res, err := run.New(st).Resume(ctx, run.ResumeOptions{Load: l.load()})
+	require.NoError(t, err)
+	assert.True(t, res.Fresh)
+	assert.Empty(t, res.Skipped)
+
+	ch, err := run.Choose(ctx, st, run.LatestOptions{})
+	require.NoError(t, err)
+	assert.NotNil(t, ch.Run)
+	assert.Nil(t, ch.Checkpoint)
+
+	res, err = run.ResumeURL(ctx, st, run.ResumeOptions{Load: l.load()})
+	require.NoError(t, err)
+	assert.True(t, res.Fresh)
+	assert.Zero(t, l.calls.Load(), "nothing was loaded")
+}
+
+// ResumeURL follows Choose's rule: a checkpoint's URL is loaded as it is
+// (no choice, no fallback: its damage is the error), a run's URL is
+// resumed (Run.Resume, falling back past damage), a step-named URL under
+// which nothing is stored is ErrNothingStored even with AllowFresh.
+func caseRunResumeURL(t T, h *Harness) {
+	ctx := context.Background()
+	st := h.NewStore(t)
+	fx := runSteps(t, st, 1, 10, 20)
+	damage.FlipRankData(t, stepStore(t, st, 20), 0)
+
+	l := &rankLoad{f: fx[10], world: 1}
+	res, err := run.ResumeURL(ctx, st, run.ResumeOptions{Load: l.load()})
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), res.Entry.Step)
+	assert.Equal(t, []string{"step-00000020:damaged"}, whys(res.Skipped))
+	l.requireLoaded(t, fx[10])
+
+	l = &rankLoad{f: fx[10], world: 1}
+	res, err = run.ResumeURL(ctx, stepStore(t, st, 10), run.ResumeOptions{Load: l.load()})
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), res.Entry.Step, "the step of the checkpoint's name")
+	assert.Equal(t, "step-00000010", res.Entry.Name)
+	assert.Empty(t, res.Skipped)
+	l.requireLoaded(t, fx[10])
+
+	_, err = run.ResumeURL(ctx, stepStore(t, st, 20), run.ResumeOptions{Load: l.load()})
+	require.ErrorIs(t, err, loader.ErrChecksum, "a checkpoint's URL never falls back")
+
+	_, err = run.ResumeURL(ctx, stepStore(t, st, 99), run.ResumeOptions{Load: l.load(), AllowFresh: true})
+	require.ErrorIs(t, err, run.ErrNothingStored)
 }

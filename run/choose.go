@@ -1,7 +1,6 @@
 package run
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -214,11 +213,8 @@ func Choose(ctx context.Context, st *backend.Store, opts LatestOptions) (*Choice
 	if !notACheckpoint(err) {
 		return nil, err
 	}
-	if errors.Is(err, loader.ErrIncomplete) {
-		// Data without metadata: a run only if it holds steps.
-		if es, lerr := Steps(ctx, st, err); lerr != nil || len(es) == 0 {
-			return nil, cmp.Or(lerr, err)
-		}
+	if err := runOrIncomplete(ctx, st, err); err != nil {
+		return nil, err
 	}
 	r := New(st)
 	found, skipped, lerr := r.Latest(ctx, opts)
@@ -245,6 +241,35 @@ func Choose(ctx context.Context, st *backend.Store, opts LatestOptions) (*Choice
 // may be a run too: the run's listing skips what it may not read.
 func notACheckpoint(err error) bool {
 	return errors.Is(err, loader.ErrNoCheckpoint) || errors.Is(err, loader.ErrIncomplete) || ckpterr.ClassOf(err) == ckpterr.Access
+}
+
+// runOrIncomplete is nil when st, which did not open as a checkpoint
+// (openErr), may be a run; openErr when it holds data without metadata
+// (loader.ErrIncomplete) that is neither a step nor the store
+// coordinator's (CoordPrefix: a run whose only objects are a resume's
+// coordination rounds is a fresh run, not an incomplete checkpoint).
+func runOrIncomplete(ctx context.Context, st *backend.Store, openErr error) error {
+	if !errors.Is(openErr, loader.ErrIncomplete) {
+		return nil
+	}
+	es, err := Steps(ctx, st, openErr)
+	if err != nil || len(es) > 0 {
+		return err
+	}
+	other := false
+	err = st.ListDelimited(ctx, "", func(o backend.ObjectInfo) error {
+		if !o.IsPrefix || o.Key != CoordPrefix+"/" {
+			other = true
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("list %s: %w", st, err)
+	}
+	if other {
+		return openErr
+	}
+	return nil
 }
 
 // Steps is the run half of Choose's rule for a caller that tried st as a

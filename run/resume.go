@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ckptkit/ckptkit/backend"
 	"github.com/ckptkit/ckptkit/catalog"
 	"github.com/ckptkit/ckptkit/coordinator"
 	"github.com/ckptkit/ckptkit/loader"
@@ -174,6 +175,49 @@ func (r *Run) Resume(ctx context.Context, opts ResumeOptions) (*Resumed, error) 
 		return res.loaded(l), nil
 	}
 	return r.resumeRanks(ctx, c, opts)
+}
+
+// ResumeURL resumes from what st names, by Choose's rule: a checkpoint
+// (a format's metadata object at st's root) is loaded as it is with
+// opts.Load, without a choice or a fallback (its damage is the error), by
+// every rank alike; a run is resumed (Run.Resume: the newest valid step,
+// falling back past damage, the ranks agreeing through opts.Coordinator).
+// Data without metadata and no steps is the loader's error; a step-named
+// URL under which nothing is stored is ErrNothingStored (a typo, never a
+// fresh run). Resumed.Entry of a checkpoint is the step of its name
+// (step-NNNNNNNN), Step -1 when it has none.
+func ResumeURL(ctx context.Context, st *backend.Store, opts ResumeOptions) (*Resumed, error) {
+	if opts.Load == nil {
+		return nil, fmt.Errorf("resume %s: %w: no Load function", st, ErrInvalidArgument)
+	}
+	c, err := loader.Open(ctx, st)
+	if err == nil {
+		e := catalog.Entry{Step: -1, URL: c.URL(), Committed: true, Format: c.FormatName()}
+		if name, step, ok := StepOf(st.String()); ok {
+			e.Name, e.Step = name, step
+		}
+		rep, err := opts.Load(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return &Resumed{Checkpoint: c, Entry: e, Report: rep, Skipped: []Skipped{}}, nil
+	}
+	if !notACheckpoint(err) {
+		return nil, err
+	}
+	if err := runOrIncomplete(ctx, st, err); err != nil {
+		return nil, err
+	}
+	if _, _, named := StepOf(st.String()); named {
+		empty, ierr := catalog.IsEmpty(ctx, st)
+		if ierr != nil {
+			return nil, ierr
+		}
+		if empty {
+			return nil, fmt.Errorf("resume %s: %w: nothing is stored there (check the URL)", st, ErrNothingStored)
+		}
+	}
+	return New(st).Resume(ctx, opts)
 }
 
 // choose is rank 0's decision: the newest valid checkpoint open, or a

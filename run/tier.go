@@ -29,6 +29,12 @@ type TierOptions struct {
 	// PersistEvery persists a committed local step to the durable run when
 	// the step is a multiple of it (0 or 1: every committed step).
 	PersistEvery int64
+	// NoPersist: this rank never persists (Committed only runs local
+	// retention). For replicated state (a plain or DDP model) every rank
+	// saves the whole state to its own local tier, and one rank (rank 0)
+	// persists it: the durable run then holds one copy, loadable by every
+	// rank.
+	NoPersist bool
 	// LocalKeep is how many committed local steps retention keeps (0: 2).
 	// The newest committed local step and the steps being persisted are
 	// never deleted.
@@ -103,13 +109,13 @@ func (t *Tiered) SaveLocal(ctx context.Context, step int64, sds []*statedict.Sta
 }
 
 // Committed tells t that step is committed in the local tier (by a save
-// through Local: Save, SaveAsync's handle, ...): when it is due it is
-// persisted in the background, and local retention runs. It returns the
+// through Local: Save, SaveAsync's handle, ...): when it is due (and the
+// rank persists: TierOptions.NoPersist) it is persisted in the background, and local retention runs. It returns the
 // persists that ended since the last call, failures included; err is a
 // failure of local retention.
 func (t *Tiered) Committed(ctx context.Context, step int64) ([]Persist, error) {
 	t.mu.Lock()
-	if every := t.opts.PersistEvery; every <= 1 || step%every == 0 {
+	if every := t.opts.PersistEvery; !t.opts.NoPersist && (every <= 1 || step%every == 0) {
 		t.schedule(step)
 	}
 	ended := t.ended

@@ -89,6 +89,16 @@ func TestTieredPersistsAndResumesFromTheNearestTier(t *testing.T) {
 				for _, p := range ended {
 					require.NoError(t, p.Err)
 				}
+				if step == 4 {
+					// Step 4's persist ends before step 8 commits: in flight
+					// then, retention would rightly keep it (seen on a loaded
+					// machine: local held 4, 6, 8).
+					ended, err := tr.Wait(ctx, time.Minute)
+					require.NoError(t, err)
+					for _, p := range ended {
+						require.NoError(t, p.Err)
+					}
+				}
 			}
 			ended, err := tr.Wait(ctx, time.Minute)
 			require.NoError(t, err)
@@ -311,4 +321,45 @@ func TestTieredLocalRescuesAndNeverRestartsSilently(t *testing.T) {
 	defer tr2.Close(0)
 	_, err = tr2.ResumeTiered(ctx, run.ResumeOptions{AllowFresh: true, Load: loadInto(states[2], 0, 1, &got, &calls)})
 	require.ErrorIs(t, err, run.ErrNoValidCheckpoint)
+}
+
+// Replicated state: each of two ranks commits the whole state to its own
+// local tier, only rank 0 persists (rank 1 NoPersist); the durable run holds
+// rank 0's copies alone, which every rank resumes from once rank 1's local
+// tier is gone.
+func TestTieredNoPersistRankOnlyCommitsLocally(t *testing.T) {
+	ctx := context.Background()
+	durable := ckpttest.OpenURL(t, "file://"+t.TempDir())
+	dirs := []string{t.TempDir(), t.TempDir()}
+	s := ckpttest.NewState(3, 4)
+	for rank, dir := range dirs {
+		tr := run.NewTiered(run.New(ckpttest.OpenURL(t, "file://"+dir)), run.New(durable),
+			run.TierOptions{NoPersist: rank == 1})
+		for _, step := range []int64{1, 2} {
+			_, ended, err := tr.SaveLocal(ctx, step, s.Shard(1), saver.Options{})
+			require.NoError(t, err)
+			for _, p := range ended {
+				require.NoError(t, p.Err)
+			}
+		}
+		require.NoError(t, tr.Close(time.Minute))
+		assert.Equal(t, []int64{1, 2}, committedSteps(t, ckpttest.OpenURL(t, "file://"+dir)), "rank %d", rank)
+		if rank == 1 {
+			assert.Empty(t, tr.Stats().Persists, "rank 1 never persists")
+		} else {
+			assert.Len(t, tr.Stats().Persists, 2)
+		}
+	}
+	assert.Equal(t, []int64{1, 2}, committedSteps(t, durable))
+
+	require.NoError(t, os.RemoveAll(dirs[1]))
+	var got []*statedict.StateDict
+	var calls atomic.Int32
+	tr := run.NewTiered(run.New(ckpttest.OpenURL(t, "file://"+dirs[1])), run.New(durable), run.TierOptions{NoPersist: true})
+	defer tr.Close(0)
+	res, err := tr.ResumeTiered(ctx, run.ResumeOptions{Load: loadInto(s, 0, 1, &got, &calls)})
+	require.NoError(t, err)
+	assert.Equal(t, run.TierDurable, res.Tier, res.Why)
+	assert.Equal(t, int64(2), res.Entry.Step)
+	requireShard(t, s, 0, 1, got)
 }

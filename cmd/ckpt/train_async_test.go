@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -91,6 +92,37 @@ func init() {
 			return nil, "", err
 		}
 		return slowPuts{drv}, prefix, nil
+	})
+}
+
+// termOnEnv names a key prefix ("step-00000004/"): the first Put of termfs://
+// under it sends SIGTERM to the process (TestTrainSIGTERMDuringOverlappedStaging).
+const termOnEnv = "CKPT_TEST_TERM_ON"
+
+// termPuts is a file-system driver that signals its own process with
+// SIGTERM from within the first Put under $CKPT_TEST_TERM_ON, then writes
+// as usual.
+type termPuts struct {
+	backend.Driver
+	on   string
+	once *sync.Once
+}
+
+func (d termPuts) Put(ctx context.Context, key string, size int64, r io.Reader, opts backend.PutOptions) error {
+	if d.on != "" && strings.HasPrefix(key, d.on) {
+		d.once.Do(func() { _ = syscall.Kill(os.Getpid(), syscall.SIGTERM) })
+	}
+	return d.Driver.Put(ctx, key, size, r, opts)
+}
+
+func init() {
+	once := new(sync.Once)
+	backend.MustRegister("termfs", func(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
+		drv, prefix, err := fs.Open(ctx, &url.URL{Scheme: "file", Path: u.Path})
+		if err != nil {
+			return nil, "", err
+		}
+		return termPuts{Driver: drv, on: os.Getenv(termOnEnv), once: once}, prefix, nil
 	})
 }
 
@@ -178,6 +210,48 @@ func TestTrainSIGTERMSavesTheCurrentStep(t *testing.T) {
 	require.Equal(t, res.Step, *resumed.ResumedFrom)
 	straight := trainJSON(t, "--url", filepath.Join(dir, "straight"), "--state-size", "48MiB", "--steps", total, "--save-every", "0")
 	require.Equal(t, straight.WeightsSHA256, resumed.WeightsSHA256)
+}
+
+// SIGTERM while an overlapped save stages (sent from within the save's
+// first upload: a 48 MiB state through a 4 MiB budget is still staging
+// then, while the loop runs the next step's forward and backward): the
+// step finishes, the save in flight commits, the current step is saved,
+// ckpt exits 143, and every checkpoint under the run is committed and
+// complete (nothing half-written).
+func TestTrainSIGTERMDuringOverlappedStaging(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run")
+	cmd := exec.Command(os.Args[0], "train", "--json", "--seed", "7", "--url", "termfs://"+filepath.ToSlash(run),
+		"--state-size", "48MiB", "--steps", "100000", "--save-every", "2", "--async", "--staging-bytes", "4MiB")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", termOnEnv+"="+catalog.StepName(4)+"/")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	require.Equal(t, 143, exitStatus(t, cmd), errb.String())
+
+	var res trainResult
+	require.NoError(t, json.Unmarshal(bytes.TrimSpace(out.Bytes()), &res), out.String())
+	require.Equal(t, "SIGTERM", res.Preempted)
+	t.Logf("preempted at step %d, checkpoints %v", res.Step, res.Checkpoints)
+	require.GreaterOrEqual(t, res.Step, int64(4), "the signal came while step 4 was staging")
+	require.Less(t, res.Step, int64(100000))
+	require.Contains(t, errb.String(), "SIGTERM at step "+strconv.FormatInt(res.Step, 10)+": saved termfs://")
+	require.Contains(t, res.Checkpoints, "termfs://"+filepath.ToSlash(filepath.Join(run, catalog.StepName(4))),
+		"the save staging when the signal came committed")
+
+	dirs, err := filepath.Glob(filepath.Join(run, "step-*"))
+	require.NoError(t, err)
+	require.Len(t, dirs, len(res.Checkpoints), "a directory per committed checkpoint, no other: %v", dirs)
+	for _, d := range dirs {
+		code, out, _ := ckpt(t, "verify", "--deep", d)
+		require.Equal(t, 0, code, "%s: %s", d, out)
+	}
+	ctx := context.Background()
+	rst, err := backend.Open(ctx, run)
+	require.NoError(t, err)
+	latest, _, err := catalog.Latest(ctx, rst, true)
+	require.NoError(t, err)
+	require.Equal(t, catalog.StepName(res.Step), latest.Name, "the current step is the newest valid checkpoint")
 }
 
 // A second signal aborts at once: exit 130 for SIGINT, and every committed

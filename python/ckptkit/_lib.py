@@ -99,6 +99,14 @@ _SIGNATURES = {
     "ckpt_checkpoint_load": ([_tok, _h, ctypes.c_char_p, _void_pp, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)] + _ERR,
                              ctypes.c_int),
     "ckpt_run_layout": ([ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_run_resume": ([_tok, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                         ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_checkpoint_fail": ([_h, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p] + _ERR, ctypes.c_int),
+    "ckpt_tiered_open": ([_tok, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _uptr_p] + _ERR,
+                         ctypes.c_int),
+    "ckpt_tiered_committed": ([_tok, _h, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_tiered_wait": ([_tok, _h, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
+    "ckpt_tiered_close": ([_h, ctypes.c_int64] + _ERR, ctypes.c_int),
     "ckpt_read_items": ([_tok, _h, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_int64),
                          ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p),
                          ctypes.POINTER(ctypes.c_uint32), ctypes.c_int, ctypes.POINTER(ctypes.c_int)] + _ERR, ctypes.c_int),
@@ -109,7 +117,11 @@ CANCELLABLE = frozenset({
     "ckpt_open", "ckpt_put", "ckpt_read", "ckpt_read_segments", "ckpt_read_all", "ckpt_stat", "ckpt_list",
     "ckpt_delete", "ckpt_checkpoint_open", "ckpt_checkpoint_load", "ckpt_saver_save", "ckpt_save_wait", "ckpt_read_items",
     "ckpt_save_wait_staged",
-    "ckpt_saver_idle"})
+    "ckpt_saver_idle", "ckpt_run_resume", "ckpt_tiered_open", "ckpt_tiered_committed", "ckpt_tiered_wait"})
+
+#: The load callback of ckpt_run_resume: (checkpoint handle, JSON info) ->
+#: 0 on success, non-zero on failure.
+LOAD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p)
 
 _lib = None
 _lock = threading.Lock()

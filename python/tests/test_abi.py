@@ -81,6 +81,10 @@ CALLS = {
     "ckpt_saver_stats": lambda h: _lib.call("ckpt_saver_stats", h, ctypes.byref(p())),
     "ckpt_saver_idle": lambda h: _lib.call("ckpt_saver_idle", h, 0),
     "ckpt_saver_idle(close)": lambda h: _lib.call("ckpt_saver_idle", h, 1),
+    "ckpt_checkpoint_fail": lambda h: _lib.call("ckpt_checkpoint_fail", h, 1, None, b"m"),
+    "ckpt_tiered_committed": lambda h: _lib.call("ckpt_tiered_committed", h, 1, ctypes.byref(p())),
+    "ckpt_tiered_wait": lambda h: _lib.call("ckpt_tiered_wait", h, 0, ctypes.byref(p())),
+    "ckpt_tiered_close": lambda h: _lib.call("ckpt_tiered_close", h, 0),
 }
 '''
 
@@ -201,8 +205,12 @@ def test_golden_json_field_names_are_what_the_binding_reads():
     rep = golden["load_report"]
     # The fields resume reads (ckptkit/torch/__init__.py), by their wire names.
     for k in ("lazy_params", "optimizer_loaded", "iteration", "extra_keys", "summary", "bytes_read", "read_requests",
-              "bytes", "fallbacks", "info"):
+              "bytes"):
         assert k in rep, k
+    # What resume reads of ckpt_run_resume's result and its load callback's info.
+    assert {"fresh", "empty", "url", "step", "iteration", "skipped", "tier", "tier_why"} <= set(golden["resume_result"])
+    assert set(golden["resume_result"]["skipped"][0]) == {"url", "reason", "why"}
+    assert {"url", "one_pass", "format"} <= set(golden["load_info"])
     assert not any(k[:1].isupper() for k in rep), "an untagged Go field name crossed the ABI"
     for k in ("url", "name", "step", "format", "skipped", "none", "empty"):
         assert k in golden["checkpoint_info"], k

@@ -68,7 +68,7 @@ def test_fresh_run_resumes_to_none(base_url, caplog):
     with caplog.at_level("INFO", logger="ckptkit"):
         assert resume(base_url, m, opt, scheduler=sched) is None
     assert any("fresh start: nothing under" in r.getMessage() for r in caplog.records), caplog.text
-    with pytest.raises(ckptkit.NotFoundError, match="must_exist"):
+    with pytest.raises(ckptkit.NotFoundError, match="nothing is stored there"):
         resume(base_url, m, opt, scheduler=sched, must_exist=True)
     train(m, opt, sched, 3)
     before = {k: v.clone() for k, v in m.state_dict().items()}

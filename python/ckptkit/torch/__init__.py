@@ -13,15 +13,19 @@ DTensor-sharded parameters (the FSDP2 layout), on any world size; resuming on
 another world size. docs/TORCH.md documents it.
 """
 
+import atexit
 import base64
 import collections
 import ctypes
+import dataclasses
 import json
 import logging
 import os
+import threading
 import uuid
 import warnings
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -39,7 +43,7 @@ from ckptkit.errors import (
 )
 
 from . import _async
-from ._async import AsyncSave, AsyncSaver, close
+from ._async import AsyncSave, AsyncSaver
 from ._storage import Checkpoint, StorageReader, StorageWriter, census_members, decode_integrity, encode_integrity
 
 __all__ = ["StorageWriter", "StorageReader", "Checkpoint", "save", "resume", "ResumeReport", "step_url",
@@ -188,7 +192,8 @@ def _census(osd):
 
 
 def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer=True, extra_state=None,
-         async_save=False, staging_bytes=None, prefault=False, **writer_options):
+         async_save=False, staging_bytes=None, prefault=False, local=None, persist_every=None, local_keep=None,
+         **writer_options):
     """Write run_url/step-<8 digits>/, collectively over the default process
     group (or alone without one): the model, the optimizer (FQN keyed;
     unless save_optimizer=False, which still saves the step and the
@@ -215,7 +220,19 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
     tensors at once. prefault=True maps and faults in the whole staging
     pool at the first save (the budget's memory from then on), so that no
     save pays page faults while it copies. At most one save is in flight
-    per process: a save first waits for the previous one."""
+    per process: a save first waits for the previous one.
+
+    With local=LOCAL_URL (this process's node-local tier, e.g. a directory
+    on the node's disk or /dev/shm) the run is tiered (the Go core's
+    run.Tiered, docs/TIERS.md): every rank saves the whole state (it must
+    be replicated: a plain or DDP model, not DTensor) to its own local tier,
+    committed when save returns the local step's URL; every persist_every-th
+    step (default: every one) rank 0 then copies it to run_url in the
+    background (CRC-checked, metadata last, one copy in flight, a newer step
+    superseding a queued one); the local tier keeps local_keep steps
+    (default 2). A persist that failed is raised by the next save (or by
+    close()), never dropped. The options of a run's first tiered save hold
+    until close()."""
     sd = {MODEL_KEY: _unwrap(model).state_dict(), STEP_KEY: int(step)}
     record = "none"
     census = None
@@ -234,6 +251,11 @@ def save(run_url, model, optimizer=None, *, step, scheduler=None, save_optimizer
         if k in sd:
             raise UsageError(f"extra_state key {k!r} is reserved")
         sd[k] = v
+    if local is not None:
+        return _save_tiered(run_url, local, model, optimizer, sd, int(step), record, census, async_save, staging_bytes,
+                            prefault, persist_every, local_keep, writer_options)
+    if persist_every is not None or local_keep is not None:
+        raise UsageError("persist_every and local_keep are parameters of a tiered save (local=...)")
     url = step_url(run_url, step)
     if async_save not in _ASYNC_MODES:
         raise UsageError(f"async_save={async_save!r}: use False, True (\"overlap\") or \"blocking\"")
@@ -291,9 +313,133 @@ _ASYNC_OPTIONS = {"concurrency", "overwrite", "part_size"}
 #: "overlap" (return once planned), "blocking" (return once staged).
 _ASYNC_MODES = (False, True, "overlap", "blocking")
 
+def _refuse_dtensor(model: torch.nn.Module, optimizer: Any, what: str) -> None:
+    """UsageError when the model holds DTensor (sharded) parameters: a
+    node-local tier holds each rank's whole, replicated state."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 2.4
+        from torch.distributed._tensor import DTensor
+    for name, p in _unwrap(model).named_parameters():
+        if isinstance(p, DTensor):
+            raise UsageError(f"{what}: local= takes replicated state (a plain or DDP model); parameter {name} is a "
+                             "DTensor (sharded): save and resume it without local=")
+
+
+def _save_tiered(run_url: str, local: str, model: torch.nn.Module, optimizer: Any, sd: dict[str, Any], step: int,
+                 record: str, census: Optional[dict[str, Any]], async_save: Any, staging_bytes: Optional[int],
+                 prefault: bool, persist_every: Optional[int], local_keep: Optional[int],
+                 writer_options: dict[str, Any]) -> str:
+    if async_save:
+        raise UsageError("local= does not take async_save=True: the local save is the fast one (commit it "
+                         "synchronously, the durable copy is made in the background)")
+    _refuse_dtensor(model, optimizer, "save(local=...)")
+    for name, v in (("persist_every", persist_every), ("local_keep", local_keep)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise UsageError(f"{name} must be a positive int, not {v!r}")
+    tier = _tier(run_url, local, persist_every or 0, local_keep or 0, no_persist=_rank() != 0)
+    url = step_url(local, step)
+    # This rank alone (no coordinator): its node-local tier holds its whole
+    # state, in ckptkit's native format, committed when wait() returns.
+    _save_async(local, url, sd, step, record, staging_bytes, writer_options, census, overlap=False,
+                prefault=prefault, alone=True).wait()
+    tier.committed(step)
+    return url
+
+
+class _Tier(_lib.Closing):
+    """A tiered run of the Go core (run.Tiered): the local tier of this
+    process and the durable run, persisting in the background."""
+
+    def __init__(self, run_url: str, local: str, persist_every: int, local_keep: int, no_persist: bool) -> None:
+        h = ctypes.c_size_t(0)
+        spec = {"persist_every": persist_every, "local_keep": local_keep, "no_persist": no_persist}
+        _lib.call("ckpt_tiered_open", os.fspath(local).encode(), os.fspath(run_url).encode(), _lib.environment(),
+                  json.dumps(spec).encode(), ctypes.byref(h))
+        self._h = h.value
+        self._lock = threading.Lock()
+
+    def committed(self, step: int) -> list[dict[str, Any]]:
+        """Tell the run step is committed locally; raise a persist that
+        failed since the last call."""
+        out = ctypes.c_void_p()
+        _lib.call("ckpt_tiered_committed", self._h, int(step), ctypes.byref(out))
+        ended: list[dict[str, Any]] = json.loads(_lib.take_string(out.value))
+        return ended
+
+    def close(self, grace: Optional[float] = None) -> None:
+        """Wait at most grace seconds (None: unbounded) for the persist in
+        flight, then cancel what is left and release the run; raise a
+        failed persist or the grace running out (idempotent)."""
+        with self._lock:
+            h, self._h = self._h, 0
+        if h:
+            ms = 0 if grace is None else max(1, int(grace * 1000))
+            if grace is None:
+                out = ctypes.c_void_p()
+                try:
+                    _lib.call("ckpt_tiered_wait", h, 0, ctypes.byref(out))
+                    _lib.take_string(out.value)
+                except BaseException:
+                    _lib.call("ckpt_tiered_close", h, 0)
+                    raise
+            _lib.call("ckpt_tiered_close", h, ms)
+
+
+_tiers: dict[tuple[str, str], _Tier] = {}
+_tiers_lock = threading.Lock()
+
+
+def _tier(run_url: str, local: str, persist_every: int, local_keep: int, no_persist: bool) -> _Tier:
+    key = (os.fspath(run_url), os.fspath(local))
+    with _tiers_lock:
+        t = _tiers.get(key)
+        if t is None:
+            t = _tiers[key] = _Tier(run_url, local, persist_every, local_keep, no_persist)
+        return t
+
+
+def close(persist_grace: Optional[float] = None) -> None:
+    """Wait for the asynchronous save in flight, if any, and release the
+    process's saver (raising the save's error if no call reported it yet);
+    then wait (at most persist_grace seconds, None: until done) for the
+    background persists of tiered runs (save(local=...)) and release them,
+    raising the first failure. A job calls it after its last save, before
+    it reports success; at exit it runs with persist_grace=60."""
+    try:
+        _async.close()
+    finally:
+        _close_tiers(persist_grace)
+
+
+def _close_tiers(grace: Optional[float]) -> None:
+    with _tiers_lock:
+        tiers = list(_tiers.values())
+        _tiers.clear()
+    first: Optional[BaseException] = None
+    for t in tiers:
+        try:
+            t.close(grace)
+        except BaseException as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _close_tiers_at_exit() -> None:
+    if _lib.forked():
+        return  # a forked child's copies of the parent's runs are not its own
+    try:
+        _close_tiers(60)
+    except Exception as e:
+        log.error("tiered run: %s", e)
+
+
+atexit.register(_close_tiers_at_exit)
+
 
 def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, census=None, *, overlap: bool = True,
-                prefault: bool = False) -> AsyncSave:
+                prefault: bool = False, alone: bool = False) -> AsyncSave:
     unknown = set(writer_options) - _ASYNC_OPTIONS
     if unknown:
         raise UsageError(f"async_save=True takes {sorted(_ASYNC_OPTIONS)}, not {sorted(unknown)}")
@@ -321,9 +467,10 @@ def _save_async(run_url, url, sd, step, record, staging_bytes, writer_options, c
         # The slot names the optimizer's state holds (the native metadata's
         # optimizer_slots; the Go saver's default is AdamW's).
         spec["optimizer_slots"] = sorted({s for slots in census.values() for s in slots or ()})
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if not alone and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # Ranks are processes: the Go saver of each coordinates through
-        # objects under the run's _coord/ prefix, in a session rank 0 names.
+        # objects under the run's coordinator prefix (coord_url, the Go
+        # core's), in a session rank 0 names.
         layout = _layout(run_url, step)
         group = [None]
         if dist.get_rank() == 0:
@@ -366,6 +513,12 @@ class ResumeReport:
     #: holds the others (saved by an older torch): they kept their current
     #: values (logged once, WARNING).
     kept_fields: list = field(default_factory=list)
+    #: The tier resumed from, with resume(local=...): "local" (every
+    #: rank's local copy verified and loaded) or "durable"; None without
+    #: local.
+    tier: Optional[str] = None
+    #: Why that tier (the Go core's words).
+    tier_why: str = ""
 
 
 def _scratch_optimizer(opt, groups):
@@ -494,7 +647,7 @@ def _decode_values(rep, flat, where):
 
 
 def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, frozen=(), extra_state=None,
-           optimizer_prefix=OPTIMIZER_KEY, must_exist=False):
+           optimizer_prefix=OPTIMIZER_KEY, must_exist=False, local=None):
     """Resume model, optimizer and scheduler from the checkpoint at url, or
     from the newest committed checkpoint of the run at url that verifies (as
     `ckpt latest`); returns a ResumeReport, or None when the run has no
@@ -525,75 +678,125 @@ def resume(url, model, optimizer=None, *, scheduler=None, load_optimizer=True, f
     a dict of further top-level keys, is filled in place. The metadata is
     read once, by the reader that then serves the data.
 
-    For a run URL, a checkpoint whose data turns out damaged (a CRC32C
-    mismatch, a missing or truncated data object) is passed over for the
-    next older valid one, as `ckpt train --resume` does (the Go core's
-    run.Run.Load): a RuntimeWarning (and the log) names the
-    damaged checkpoint and the one used, ``skipped`` lists it, and the
-    report describes the one loaded. Such a load writes each tensor once
-    (every attempt overwrites every target), so when no older checkpoint is
-    valid either the error leaves the tensors partly overwritten; a
-    checkpoint URL (no fallback) is loaded transactionally. With several
-    ranks, ranks that fell back to different checkpoints all reload the
-    oldest of them."""
+    The choice is the Go core's (run.ResumeURL, through ckpt_run_resume;
+    this function only loads what it chose, in a callback). For a run URL,
+    a checkpoint whose data turns out damaged (a CRC32C mismatch, a missing
+    or truncated data object) is passed over for the next older valid one,
+    as `ckpt train --resume` does: a RuntimeWarning (and the log) names the
+    damaged checkpoint and the one used, ``skipped`` lists it (each entry
+    {url, reason, why}), and the report describes the one loaded. Such a
+    load writes each tensor once (every attempt overwrites every target),
+    so when no older checkpoint is valid either the error leaves the
+    tensors partly overwritten; a checkpoint URL (no fallback) is loaded
+    transactionally. With a process group every rank calls resume: rank 0
+    chooses, and ranks that fell back to different checkpoints all reload
+    the oldest of them (they agree through the store coordinator under the
+    run).
+
+    With local=LOCAL_URL (this process's node-local tier, as save took
+    it) the nearest valid copy is taken (run.Tiered.ResumeTiered): the
+    newest step every rank's local tier holds and loads, when it is at
+    least as new as the durable run's newest valid step, else the durable
+    run (all ranks together). ``tier`` says which ("local", "durable") and
+    ``tier_why`` why."""
+    if local is not None:
+        _refuse_dtensor(model, optimizer, "resume(local=...)")
     rank = _rank()
-    ck, run_url = _open_choice(url)
-    try:
-        if ck.none:
-            if ck.info.get("empty"):
-                if must_exist:
-                    raise NotFoundError(f"{ck.info.get('url') or url}: nothing is stored there (must_exist=True; check the URL)")
-                log.info("fresh start: nothing under %s", ck.info.get("url") or url)
-            else:
-                log.info("fresh start: no committed checkpoint under %s", ck.info.get("url") or url)
-            return None
-        out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
-                           run_url)
-    finally:
-        ck.close()
-    if run_url and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        # Every rank must resume from the same checkpoint: a rank whose own
-        # data was damaged fell back further than the others.
-        steps = [None] * dist.get_world_size()
-        dist.all_gather_object(steps, out.checkpoint_step)
-        oldest = min(steps)
-        if out.checkpoint_step != oldest:
-            skipped = out.skipped + [{"url": out.url, "reason": "another rank fell back to an older checkpoint"}]
-            ck = Checkpoint(step_url(run_url, oldest))
-            try:
-                out = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix,
-                                   rank, None)
-            finally:
-                ck.close()
-            out.skipped = skipped + out.skipped
-    return out
+    attempt = _Attempt()
+
+    def load(h: int, raw_info: bytes) -> int:
+        # Called by the Go core (ckpt_run_resume) for each checkpoint it
+        # chose: a fallback past damage and the ranks agreeing on an older
+        # step call it again, and each call overwrites every target.
+        ck = Checkpoint._lent(h, json.loads(raw_info))
+        try:
+            attempt.report = _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state,
+                                          optimizer_prefix, bool(ck.info.get("one_pass")), attempt.scope)
+            attempt.error = None
+            return 0
+        except BaseException as e:  # never into the Go core: it reports the failure
+            attempt.error, attempt.from_go = e, ck.load_failed
+            if not ck.load_failed:
+                try:
+                    _lib.call("ckpt_checkpoint_fail", h, int(getattr(e, "cls", None) or 0),
+                              getattr(e, "rule", None) and str(e.rule).encode(),
+                              f"{ck.url}: {type(e).__name__}: {e}".encode())
+                except Exception:  # the Go core then says the callback failed
+                    pass
+            return 1
+        finally:
+            ck.close()
+
+    spec = {"allow_fresh": not must_exist, "coordinator": _coordinator("resume"),
+            "local": "" if local is None else os.fspath(local)}
+    fn = _lib.LOAD_FN(load)
+    out = ctypes.c_void_p()
+    with _lib.CancelScope() as attempt.scope:
+        try:
+            _lib.call("ckpt_run_resume", os.fspath(url).encode(), _lib.environment(), json.dumps(spec).encode(),
+                      ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(out), scope=attempt.scope)
+        except BaseException:
+            if attempt.error is not None and not attempt.from_go:
+                raise attempt.error  # this rank's own failure (the Go error only names it)
+            raise
+    res = json.loads(_lib.take_string(out.value))
+    if res["fresh"]:
+        if res["empty"]:
+            log.info("fresh start: nothing under %s", res["url"])
+        else:
+            log.info("fresh start: no committed checkpoint under %s", res["url"])
+        return None
+    rep = attempt.report
+    for s in res["skipped"]:
+        if s["why"] == "damaged":
+            msg = (f"checkpoint {s['url']} is damaged ({s['reason']}); resuming from the next older valid checkpoint, "
+                   f"{res['url']}")
+            # Once: a RuntimeWarning (logging.captureWarnings routes it to
+            # the log); the log gets it at DEBUG only, not a second WARNING.
+            log.debug("%s", msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    step = res["step"] if res["step"] >= 0 else res["iteration"]
+    out_rep = dataclasses.replace(rep, url=res["url"], checkpoint_step=int(step),
+                                  skipped=[{"url": s["url"], "reason": s["reason"], "why": s["why"]} for s in res["skipped"]],
+                                  tier=res["tier"] or None, tier_why=res["tier_why"])
+    if rank == 0:
+        log.info("%s", out_rep.summary)
+        if out_rep.kept_fields:
+            log.warning("%d param-group or scheduler field(s) are not in checkpoint %s (saved by an older torch?); "
+                        "kept their current values: %s", len(out_rep.kept_fields), out_rep.url,
+                        ", ".join(out_rep.kept_fields))
+    return out_rep
 
 
-def _open_choice(url):
-    """Open the checkpoint to resume from, and the run URL when url is a run
-    (the checkpoint was chosen from it); with a process group, rank 0
-    chooses and the others open its choice."""
+class _Attempt:
+    """The state of a resume's load callback: the last load's report, and
+    the failure of the last one (whether it was the Go loader's)."""
+
+    def __init__(self) -> None:
+        self.report: Optional[ResumeReport] = None
+        self.error: Optional[BaseException] = None
+        self.from_go = False
+        self.scope: Optional[_lib.CancelScope] = None
+
+
+def _coordinator(kind: str) -> Optional[dict[str, Any]]:
+    """The store coordinator's group of a collective call of the Go core
+    over the default process group (None alone): a name rank 0 makes
+    unique, and this rank's place."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        ck = Checkpoint(url)
-        return ck, (url if ck.info.get("name") else None)
-    choice = [None]
-    ck = None
+        return None
+    group = [None]
     if dist.get_rank() == 0:
-        ck = Checkpoint(url)
-        choice = ["" if ck.none else (ck.info.get("name") or "")]
-    dist.broadcast_object_list(choice, src=0)
-    run_url = url if choice[0] else None
-    if ck is not None:
-        return ck, run_url
-    if choice[0] == "":
-        # rank 0 found no checkpoint, or url is a checkpoint itself.
-        return Checkpoint(url), None
-    base, sep, query = url.partition("?")
-    return Checkpoint(f"{base.rstrip('/')}/{choice[0]}{sep}{query}"), run_url
+        group = [f"{kind}-{uuid.uuid4().hex}"]
+    dist.broadcast_object_list(group, src=0)
+    return {"group": group[0], "rank": dist.get_rank(), "world": dist.get_world_size()}
 
 
-def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, rank,
-                 run_url=None):
+def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_state, optimizer_prefix, one_pass,
+                 scope=None):
+    """Load ck into the targets (the whole resume of one checkpoint): in
+    one pass when one_pass (a resume that may load another checkpoint
+    after this one), else transactionally. Returns its ResumeReport."""
     saved_keys = ck.keys()
     m = _unwrap(model)
     target = {MODEL_KEY: m.state_dict()}
@@ -651,35 +854,25 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
         # The Go loader compares them with the checkpoint's param groups
         # before any buffer is written (a LayoutMismatchError otherwise).
         spec["param_groups"] = fqns
-    if run_url:
-        spec["fallback_run"] = run_url
+    if one_pass:
+        spec["one_pass"] = True
     if bytes_keys:
         # The values Python decodes (param groups, scheduler, step, extra
         # state) are read and decoded first, so one that does not decode
-        # fails the resume before any tensor is written. For a run URL a
-        # damaged checkpoint is left to the load below, which falls back.
-        pre = dict(spec, targets=[{"tensors": [], "bytes": bytes_keys}])
-        pre.pop("fallback_run", None)
+        # fails the resume before any tensor is written. In one pass (the
+        # Go core may fall back) a damaged checkpoint is left to the load
+        # below, whose error the Go core judges.
+        pre = dict(spec, targets=[{"tensors": [], "bytes": bytes_keys}], one_pass=False)
         try:
-            pre_rep = ck.load(pre, [])
+            pre_rep = ck.load(pre, [], scope=scope)
         except CheckpointError:
-            if not run_url:
+            if not one_pass:
                 raise
         else:
             _decode_values(pre_rep, flat, ck.url)
     # Every rule is checked before any buffer is written, and every CRC
-    # (without a fallback) too.
-    rep = ck.load(spec, buffers)
-    for fb in rep["fallbacks"]:
-        msg = (f"checkpoint {fb['url']} is damaged ({fb['reason']}); resuming from the next older valid checkpoint, "
-               f"{rep['info']['url']}")
-        # Once: a RuntimeWarning (logging.captureWarnings routes it to the
-        # log); the log gets it at DEBUG only, not a second WARNING.
-        log.debug("%s", msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
-    if rep.get("info"):
-        ck.info = rep["info"]
-        ck.url = ck.info["url"]
+    # (unless one_pass) too.
+    rep = ck.load(spec, buffers, scope=scope)
     for local, dst in copies:
         local.copy_(dst)
 
@@ -707,17 +900,10 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     step = rep["iteration"]
     if STEP_KEY in nested and isinstance(nested[STEP_KEY], int):
         step = nested[STEP_KEY]
-    out = ResumeReport(step=int(step), url=ck.url, checkpoint_step=int(ck.info.get("step") or 0), lazy_params=lazy,
-                       optimizer_loaded=loaded_optim,
-                       skipped=ck.info.get("skipped") or [], extra_keys=list(rep["extra_keys"]),
-                       summary=rep["summary"], bytes_read=rep["bytes_read"],
-                       read_requests=rep["read_requests"], kept_fields=kept)
-    if rank == 0:
-        log.info("%s", out.summary)
-        if kept:
-            log.warning("%d param-group or scheduler field(s) are not in checkpoint %s (saved by an older torch?); "
-                        "kept their current values: %s", len(kept), out.url, ", ".join(kept))
-    return out
+    return ResumeReport(step=int(step), url=ck.url, checkpoint_step=0, lazy_params=lazy,
+                        optimizer_loaded=loaded_optim, skipped=[], extra_keys=list(rep["extra_keys"]),
+                        summary=rep["summary"], bytes_read=rep["bytes_read"],
+                        read_requests=rep["read_requests"], kept_fields=kept)
 
 
 def _absent_fields(flat, saved_keys, optimizer_prefix):

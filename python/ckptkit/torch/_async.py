@@ -195,6 +195,13 @@ class AsyncSave:
                 concurrent.futures.wait([self.staged])
             raise
 
+    def cancel(self) -> None:
+        """Abort the save if it is still running, staging included: it fails
+        with CanceledError (raised by wait() and by the next save) and
+        commits nothing; the tensors are free once ``staged`` resolves."""
+        if self._saver is not None and not self.done():
+            self._saver.cancel()
+
     def _release(self):
         with self._hlock:
             if not self._released:
@@ -249,6 +256,9 @@ class AsyncSave:
                         raise TimeoutError(f"the save to {self.url} has not ended after {timeout} s")
                     self.result = json.loads(_lib.take_string(out.value))
                 if self.result is not None or self._error is not None:
+                    # The save has ended, so it is staged: let the watcher
+                    # of staged finish its call on the handle first.
+                    concurrent.futures.wait([self.staged])
                     self._release()
             if self._error is not None:
                 raise self._error

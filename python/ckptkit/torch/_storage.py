@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 import warnings
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -281,6 +282,23 @@ class StorageWriter(_TorchStorageWriter):
         self._staged = None  # the copy stage() made, reused by the next stage()
         self._busy = threading.Lock()  # held from stage() to the end of finish()
         self._previous = {}  # save id -> keys of the checkpoint an overwrite replaces
+
+    # -- pickling ------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The writer's configuration and save state, without what lives in
+        this process only (the open store, the kept staging copy, the lock):
+        torch's AsyncCheckpointerType.PROCESS pickles the writer into its
+        checkpoint process, which re-opens the store on first use."""
+        state = self.__dict__.copy()
+        state["_store"] = None
+        state["_staged"] = None
+        del state["_busy"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
 
     # -- torch.distributed.checkpoint.staging.AsyncStager --------------------
 
@@ -675,6 +693,18 @@ class StorageReader(_TorchStorageReader):
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, str) and "://" in checkpoint_id
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The reader's configuration and load state, without the open
+        checkpoint (a library handle of this process): the process that
+        unpickles it opens the checkpoint at its URL on first use."""
+        state = self.__dict__.copy()
+        state["_given"] = None
+        state["_ckpt"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def read_metadata(self):
         try:
             ck = self._checkpoint()
@@ -1003,6 +1033,23 @@ class Checkpoint(_lib.Closing):
         self._crcs = False
         self._store = ckptkit.Store._from_handle(h.value, self.url)
 
+    @classmethod
+    def _lent(cls, handle: int, info: dict[str, Any]) -> "Checkpoint":
+        """The checkpoint a resume of the Go core lends its load callback
+        (ckpt_run_resume): valid during the callback; close() only forgets
+        the handle (the resume owns it)."""
+        ck = cls.__new__(cls)
+        ck._h = handle
+        ck._close_lock = threading.Lock()
+        ck.info = info
+        ck.url = info["url"]
+        ck._md = None
+        ck._crcs = False
+        ck._store = ckptkit.Store._from_handle(handle, ck.url)
+        ck._lent_handle = True
+        ck.load_failed = False
+        return ck
+
     @property
     def none(self):
         """True when the run holds no committed checkpoint."""
@@ -1119,14 +1166,18 @@ class Checkpoint(_lib.Closing):
         """The redacted URL of an object of the checkpoint."""
         return self._store.object_url(key)
 
-    def load(self, spec, buffers):
+    def load(self, spec, buffers, *, scope=None):
         """Run the Go loader (every resume rule, every CRC, before any
-        buffer changes) on spec (see capi/checkpoint.go loadSpec) into the
-        C buffers (addresses) listed in buffers."""
+        buffer changes unless spec's one_pass) on spec (see
+        capi/checkpoint.go loadSpec) into the C buffers (addresses) listed
+        in buffers. ``load_failed`` says whether the last load failed."""
         n = len(buffers)
         arr = (ctypes.c_void_p * max(n, 1))(*buffers)
         out = ctypes.c_void_p()
-        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out))
+        self.load_failed = True
+        _lib.call("ckpt_checkpoint_load", self._handle(), json.dumps(spec).encode(), arr, n, ctypes.byref(out),
+                  scope=scope)
+        self.load_failed = False
         return json.loads(_lib.take_string(out.value))
 
     def _handle(self):
@@ -1142,4 +1193,5 @@ class Checkpoint(_lib.Closing):
             h, self._h = self._h, 0
         if h:
             self._store._h = 0
-            _lib.call("ckpt_checkpoint_close", h)
+            if not getattr(self, "_lent_handle", False):
+                _lib.call("ckpt_checkpoint_close", h)
