@@ -13,7 +13,12 @@ Three rules of the binding (docs/TORCH.md, "The C ABI"):
   handler (a SIGTERM handler raising ``CanceledError``) is delivered at once:
   the token is cancelled, the Go work stops (within a second), and the
   exception propagates. Calls from other threads take the token of the
-  :class:`CancelScope` they run in, if any.
+  :class:`CancelScope` they run in, if any. The main thread never blocks
+  without a timeout while Go work runs: it waits in slices of
+  :data:`POLL_SECONDS` (:func:`wait_future`, :func:`queue_get`), since a
+  signal the kernel delivers to another thread (a Go thread, a helper) does
+  not interrupt an untimed lock wait, and the handler would run only once
+  the call returned.
 - Fork: the Go runtime does not survive ``fork()``; a child forked after the
   library was loaded gets a ``UsageError`` from every call, never a hang.
 - Environment: every open passes the variables of :data:`ENV_PREFIXES` from
@@ -25,9 +30,11 @@ import concurrent.futures
 import ctypes
 import json
 import os
+import queue
 import threading
+import time
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 from . import errors
 
@@ -35,7 +42,7 @@ from . import errors
 CArg = Any
 
 #: The ABI version this binding speaks; a library of another version is refused.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 #: The environment variables passed to every open: credentials, endpoints,
 #: regions, profiles, emulator hosts and ckptkit's own.
@@ -78,7 +85,8 @@ _SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
         [_tok, _h, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, _i64_p, ctypes.c_void_p, _u32_p] + _ERR,
         ctypes.c_int,
     ),
-    "ckpt_read_all": ([_tok, _h, ctypes.c_char_p, ctypes.c_int64, _void_pp, _i64_p] + _ERR, ctypes.c_int),
+    "ckpt_read_all": ([_tok, _h, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, _void_pp, _i64_p] + _ERR,
+                      ctypes.c_int),
     "ckpt_stat": ([_tok, _h, ctypes.c_char_p, _i64_p, _i64_p, _u32_p, _c_int_p] + _ERR, ctypes.c_int),
     "ckpt_list": ([_tok, _h, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_delete": ([_tok, _h, ctypes.c_char_p] + _ERR, ctypes.c_int),
@@ -127,6 +135,8 @@ CANCELLABLE = frozenset({
 #: The load callback of ckpt_run_resume: (checkpoint handle, JSON info) ->
 #: 0 on success, non-zero on failure.
 LOAD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p)
+
+_R = TypeVar("_R")
 
 _lib: Optional[ctypes.CDLL] = None
 _lock = threading.Lock()
@@ -256,17 +266,67 @@ def _helper() -> concurrent.futures.ThreadPoolExecutor:
         return _calls
 
 
-def _wait_out(fut: "concurrent.futures.Future[None]") -> None:
+#: The longest the main thread blocks at a time while it waits for Go work
+#: (then it returns to the interpreter, which runs the signal handlers that
+#: are due: Ctrl-C is raised within this of its delivery to any thread).
+POLL_SECONDS = 0.05
+
+
+def wait_future(fut: "concurrent.futures.Future[_R]", timeout: Optional[float] = None) -> _R:
+    """fut's result, waited for in slices of POLL_SECONDS (so that Ctrl-C
+    or a signal handler's exception interrupts the wait promptly, whichever
+    thread the signal was delivered to); concurrent.futures.TimeoutError
+    after timeout seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not fut.done():
+        left = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+        if left <= 0:
+            raise concurrent.futures.TimeoutError()
+        concurrent.futures.wait((fut,), timeout=left)
+    return fut.result()
+
+
+def queue_get(q: "queue.Queue[_R]") -> _R:
+    """The next item of queue q, waited for in slices of POLL_SECONDS (as
+    wait_future)."""
+    while True:
+        try:
+            return q.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            continue
+
+
+def wait_out(fut: "concurrent.futures.Future[Any]") -> None:
     """Wait for fut to end, whatever arrives meanwhile (the Go call still
     uses the caller's buffers until it returns; once cancelled it does so
     promptly)."""
-    while True:
+    while not fut.done():
         try:
-            concurrent.futures.wait([fut])
-            return
+            concurrent.futures.wait((fut,), timeout=POLL_SECONDS)
         except BaseException:  # a second Ctrl-C: keep waiting, briefly
-            if fut.done():
-                return
+            pass
+
+
+def cancel_all(futures: "Sequence[concurrent.futures.Future[Any]]", scope: Optional["CancelScope"] = None) -> None:
+    """Cancel scope (the Go calls the futures make) and the futures not
+    started yet, then wait for the others to end (promptly, cancelled)."""
+    if scope is not None:
+        scope.cancel()
+    for f in futures:
+        f.cancel()
+    for f in futures:
+        wait_out(f)
+
+
+def wait_all(futures: "Sequence[concurrent.futures.Future[_R]]", scope: Optional["CancelScope"] = None) -> List[_R]:
+    """The results of futures, waited for in slices (as wait_future). When
+    one fails or the wait is interrupted (Ctrl-C), the others are cancelled
+    (cancel_all) before that exception is raised."""
+    try:
+        return [wait_future(f) for f in futures]
+    except BaseException:
+        cancel_all(futures, scope)
+        raise
 
 
 def _invoke(fn: Callable[..., int], args: Tuple[CArg, ...]) -> None:
@@ -305,14 +365,14 @@ def call(name: str, *args: CArg, scope: Optional[CancelScope] = None) -> None:
             _invoke(fn, (sc.handle(),) + args)
             return
         try:
-            fut.result()
+            wait_future(fut)
         except BaseException:
             if not fut.done():
                 # Interrupted while the Go call runs: stop it, wait for it
                 # to return, and raise what interrupted (not its
                 # CanceledError).
                 sc.cancel()
-                _wait_out(fut)
+                wait_out(fut)
                 raise
             raise
     finally:
