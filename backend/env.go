@@ -18,6 +18,12 @@ func WithEnv(ctx context.Context, env map[string]string) context.Context {
 	return context.WithValue(ctx, envKey{}, env)
 }
 
+// EnvOf returns the getenv of an open under ctx (Getenv bound to ctx), for
+// code that takes one, such as an SDK's configuration.
+func EnvOf(ctx context.Context) func(key string) string {
+	return func(key string) string { return Getenv(ctx, key) }
+}
+
 // Getenv is the value of the environment variable key for an open under
 // ctx: from the map of WithEnv when ctx carries one, else from the process
 // environment. Drivers read every variable they use through it.

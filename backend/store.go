@@ -364,9 +364,16 @@ func readTapped(r io.Reader, buf []byte, tap Tap) (int, error) {
 // ReadAll reads the whole object, refusing objects larger than limit bytes
 // (limit <= 0: no limit).
 func (s *Store) ReadAll(ctx context.Context, key string, limit int64) ([]byte, error) {
+	return s.ReadAllFrom(ctx, key, 0, limit)
+}
+
+// ReadAllFrom reads the object from offset to its end, as one ranged read
+// (the bytes before offset are not transferred), refusing more than limit
+// bytes (limit <= 0: no limit).
+func (s *Store) ReadAllFrom(ctx context.Context, key string, offset, limit int64) ([]byte, error) {
 	var out []byte
 	err := s.retryLoop(ctx, func(ctx context.Context) error {
-		rc, err := s.open(ctx, key, 0, -1)
+		rc, err := s.open(ctx, key, offset, -1)
 		if err != nil {
 			return err
 		}

@@ -52,7 +52,7 @@ import (
 
 // abiVersion is bumped on every incompatible change of the exported calls;
 // the Python binding refuses a library of another version.
-const abiVersion = 2
+const abiVersion = 3
 
 func main() {}
 
@@ -262,8 +262,16 @@ func ckpt_put(tok, h C.uintptr_t, key *C.char, ptrs *unsafe.Pointer, lens *C.int
 					}
 					bufs[i] = cbytes(ps[i], ls[i])
 					size += int64(ls[i])
-					crc = crc32c.Update(crc, bufs[i])
-					total = crc32c.Update(total, bufs[i])
+					// One pass per buffer, cancellable (a buffer may hold
+					// gigabytes): total continues from the checksums so far
+					// (CRC32C composes only through the bytes).
+					var err error
+					if crc, err = crc32c.UpdateContext(ctx, crc, bufs[i]); err != nil {
+						return fmt.Errorf("put %s: checksum of buffer %d: %w", sh.st.URL(C.GoString(key)), i, err)
+					}
+					if total, err = crc32c.UpdateContext(ctx, total, bufs[i]); err != nil {
+						return fmt.Errorf("put %s: checksum of buffer %d: %w", sh.st.URL(C.GoString(key)), i, err)
+					}
 				}
 				if crcs != nil {
 					*(*C.uint32_t)(unsafe.Add(unsafe.Pointer(crcs), group*4)) = C.uint32_t(crc)
@@ -303,7 +311,11 @@ func ckpt_read(tok, h C.uintptr_t, key *C.char, offset, length C.int64_t, buf un
 				return fmt.Errorf("read %s at offset %d (%d bytes): %w", sh.st.URL(k), offset, length, err)
 			}
 			if crc != nil {
-				*crc = C.uint32_t(crc32c.Checksum(dst))
+				sum, err := crc32c.UpdateContext(ctx, 0, dst)
+				if err != nil {
+					return fmt.Errorf("read %s at offset %d (%d bytes): checksum: %w", sh.st.URL(k), offset, length, err)
+				}
+				*crc = C.uint32_t(sum)
 			}
 			return nil
 		})
@@ -372,16 +384,20 @@ func ckpt_read_segments(tok, h C.uintptr_t, key *C.char, offset C.int64_t, n C.i
 	})
 }
 
-// ckpt_read_all reads the whole object key (at most limit bytes; limit <= 0:
-// no limit) into C memory *out of *n bytes, which the caller frees with
-// ckpt_free.
+// ckpt_read_all reads object key from offset to its end (as one ranged
+// read: the bytes before offset are not transferred; at most limit bytes,
+// limit <= 0: no limit) into C memory *out of *n bytes, which the caller
+// frees with ckpt_free.
 //
 //export ckpt_read_all
-func ckpt_read_all(tok, h C.uintptr_t, key *C.char, limit C.int64_t, out *unsafe.Pointer, n *C.int64_t,
+func ckpt_read_all(tok, h C.uintptr_t, key *C.char, offset, limit C.int64_t, out *unsafe.Pointer, n *C.int64_t,
 	cls *C.int, rule, msg **C.char) C.int {
 	return guard("ckpt_read_all", cls, rule, msg, func() error {
 		return storeCall(tok, h, func(ctx context.Context, sh *storeHandle) error {
-			data, err := sh.st.ReadAll(ctx, C.GoString(key), int64(limit))
+			if offset < 0 {
+				return fmt.Errorf("%w: offset %d", errUsage, offset)
+			}
+			data, err := sh.st.ReadAllFrom(ctx, C.GoString(key), int64(offset), int64(limit))
 			if err != nil {
 				return err
 			}
@@ -462,7 +478,8 @@ func ckpt_delete(tok, h C.uintptr_t, key *C.char, cls *C.int, rule, msg **C.char
 // "delete") on keys ending with suffix ("" for all) the stores opened
 // through this library with CKPTKIT_IO_COUNT=1 in their environment have
 // made, or -1 when no store was opened so (tests and diagnostics: "the
-// metadata was read once").
+// metadata was read once"). The ops "bytes_read" and "bytes_written" (suffix
+// "") count the bytes their reads delivered and their puts took.
 //
 //export ckpt_io_count
 func ckpt_io_count(op, suffix *C.char) (out C.int64_t) {
@@ -475,9 +492,14 @@ func ckpt_io_count(op, suffix *C.char) (out C.int64_t) {
 	}
 	var n int64
 	for _, c := range counters {
-		if s == "" {
+		switch {
+		case o == "bytes_read":
+			n += c.BytesRead()
+		case o == "bytes_written":
+			n += c.BytesWritten()
+		case s == "":
 			n += c.Count(o)
-		} else {
+		default:
 			n += c.CountKeySuffix(o, s)
 		}
 	}

@@ -29,6 +29,9 @@ func wireSamples() map[string]any {
 		Optimizer: "adamw", Skipped: []skipped{{URL: "file:///r/step-00000011", Reason: "uncommitted"}}, None: true, Empty: true}
 	rep.Bytes = []map[string][]byte{{"step": []byte("10")}}
 	return map[string]any{
+		// The ABI version, read by the Python binding's test too: bumped
+		// with every incompatible change of an export's arguments.
+		"abi_version":     abiVersion,
 		"capabilities":    capabilitiesJSON{CreateIfAbsent: true, ServerCRC32C: true, Multipart: true, PartSize: 16 << 20, Concurrency: 8},
 		"list_entry":      listEntry{Key: "a/b", Size: 5, MTimeNs: 1700000000000000000},
 		"checkpoint_info": info,

@@ -567,10 +567,16 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			var tap *itemCRCTap
 			if objectCRC {
 				// Needed before the upload starts: a pass of its own.
-				results[i] = itemCRCs(body, w.Items)
+				crcs, err := itemCRCs(gctx, body, w.Items)
+				if err != nil {
+					return fmt.Errorf("save rank %d: %s: checksums: %w", rank, st.URL(w.Object), err)
+				}
+				results[i] = crcs
 				var obj uint32
 				for _, b := range body {
-					obj = crc32c.Update(obj, b)
+					if obj, err = crc32c.UpdateContext(gctx, obj, b); err != nil {
+						return fmt.Errorf("save rank %d: %s: checksum: %w", rank, st.URL(w.Object), err)
+					}
 				}
 				po.CRC32C = &obj
 			} else {
@@ -585,7 +591,10 @@ func writeRank(ctx context.Context, st *backend.Store, rank int, gp *planner.Glo
 			if !objectCRC {
 				crcs, ok := tap.CRCs()
 				if !ok { // not every byte went through this reader
-					crcs = itemCRCs(body, w.Items)
+					var err error
+					if crcs, err = itemCRCs(gctx, body, w.Items); err != nil {
+						return fmt.Errorf("save rank %d: %s: checksums: %w", rank, st.URL(w.Object), err)
+					}
 				}
 				results[i] = crcs
 			}
@@ -639,8 +648,9 @@ func objectParts(st *backend.Store, w planner.RankWrites, data [][]byte) ([][]by
 }
 
 // itemCRCs returns the CRC32C of each item of an object whose bytes are
-// body's slices back to back (the items' slices, or staging pages).
-func itemCRCs(body [][]byte, items []planner.WriteItem) []uint32 {
+// body's slices back to back (the items' slices, or staging pages); it
+// stops with ctx's error once ctx is done.
+func itemCRCs(ctx context.Context, body [][]byte, items []planner.WriteItem) ([]uint32, error) {
 	crcs := make([]uint32, len(items))
 	var cur []byte
 	for j, it := range items {
@@ -650,12 +660,15 @@ func itemCRCs(body [][]byte, items []planner.WriteItem) []uint32 {
 				cur, body = body[0], body[1:]
 			}
 			c := min(n, int64(len(cur)))
-			crc = crc32c.Update(crc, cur[:c])
+			var err error
+			if crc, err = crc32c.UpdateContext(ctx, crc, cur[:c]); err != nil {
+				return nil, err
+			}
 			cur, n = cur[c:], n-c
 		}
 		crcs[j] = crc
 	}
-	return crcs
+	return crcs, nil
 }
 
 func commit(ctx context.Context, st *backend.Store, gp *planner.GlobalPlan, vals []any, opts Options) commitOutcome {

@@ -121,7 +121,7 @@ cmd_install() {
 		return 0
 	fi
 	local t0=$SECONDS pids=() rc=0
-	log "installing servers into $BIN_DIR (first run only, about a minute)"
+	log "installing servers into $BIN_DIR (first run only: several minutes on a fresh machine, mostly compiling)"
 	install_one "$VERSITYGW_MOD@$VERSITYGW_VER" "$VERSITYGW_BIN" "$BIN_DIR/install-versitygw.log" & pids+=($!)
 	install_one "$FAKEGCS_MOD@$FAKEGCS_VER" "$FAKEGCS_BIN" "$BIN_DIR/install-fake-gcs-server.log" & pids+=($!)
 	for p in "${pids[@]}"; do wait "$p" || rc=1; done

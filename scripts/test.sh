@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # test.sh - the whole test suite, as `make test` and .ci/run run it.
 # Runs scripts/lint.sh first (gofmt, go vet, staticcheck: any finding fails
-# the run before a test starts). Starts the local S3 (versitygw) and GCS
+# the run before a test starts), with the servers' install beside it. Starts the local S3 (versitygw) and GCS
 # (fake-gcs-server) servers with scripts/test-servers.sh (installed by `go install` into a cache outside the
 # clone), runs every Go test, prints the conformance matrix, and stops the
 # servers on exit. Extra arguments go to `go test` (e.g. -short, -run X).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/lint.sh
+# On a fresh machine the servers' install (several minutes of compiling) and
+# lint's (staticcheck's install, go vet) are independent: the install runs
+# in the background while lint runs; start below waits for it (a no-op
+# when the binaries are cached).
+install_log=$(mktemp)
+bash scripts/test-servers.sh install >"$install_log" 2>&1 &
+install_pid=$!
+if ! bash scripts/lint.sh; then
+	wait "$install_pid" || true
+	exit 1
+fi
 
 if [[ -x scripts/test-servers.sh || -f scripts/test-servers.sh ]]; then
+	wait "$install_pid" || true # a failed install fails start below
+	cat "$install_log" >&2
+	rm -f "$install_log"
 	if servers_env=$(bash scripts/test-servers.sh start); then
 		eval "$servers_env"
 		trap 'bash scripts/test-servers.sh stop >/dev/null 2>&1 || true' EXIT

@@ -39,11 +39,13 @@ package gcs
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	"cloud.google.com/go/storage"
@@ -98,6 +100,24 @@ var (
 	_ backend.UploadLister = (*Driver)(nil)
 )
 
+// credentialsFile is the client option of the Application Default
+// Credentials file named by GOOGLE_APPLICATION_CREDENTIALS: the file's own
+// "type", as the default credentials would take it (the user's file, named
+// by their environment).
+func credentialsFile(file string) (option.ClientOption, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("gcs: GOOGLE_APPLICATION_CREDENTIALS: %w", err)
+	}
+	var f struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("gcs: GOOGLE_APPLICATION_CREDENTIALS %s is not a JSON credentials file: %w", file, err)
+	}
+	return option.WithAuthCredentialsJSON(option.CredentialsType(f.Type), b), nil
+}
+
 // New returns a driver for bucket. It builds the client but does not contact
 // the service.
 func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
@@ -121,6 +141,14 @@ func New(ctx context.Context, bucket string, opts Options) (*Driver, error) {
 		}
 		copts = append([]option.ClientOption{option.WithoutAuthentication(),
 			option.WithEndpoint(strings.TrimSuffix(host, "/") + "/storage/v1/")}, copts...)
+	} else if file := backend.Getenv(ctx, "GOOGLE_APPLICATION_CREDENTIALS"); file != "" {
+		// Given explicitly for the same reason: the default credentials
+		// would read the variable from the process environment.
+		o, err := credentialsFile(file)
+		if err != nil {
+			return nil, err
+		}
+		copts = append([]option.ClientOption{o}, copts...)
 	}
 	// The HTTP client is built here (as storage.NewClient would, with its
 	// scopes and credentials) so that its transport can see the responses

@@ -47,6 +47,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -160,12 +161,16 @@ func DefaultCredentials() *credentials.Credentials {
 	})
 }
 
-// envCredentials is DefaultCredentials with the variables read through
-// getenv instead of minio's os.Getenv: the keys (AWS_ACCESS_KEY_ID /
-// AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, or AWS_ACCESS_KEY /
-// AWS_SECRET_KEY), the shared credentials file (AWS_SHARED_CREDENTIALS_FILE,
-// else the default files) and its profile (AWS_PROFILE, else "default"),
-// and the region of the instance role.
+// envCredentials is DefaultCredentials with every variable read through
+// getenv (the caller's environment of the moment, backend.EnvOf) instead of
+// minio's os.Getenv: the keys (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+// AWS_SESSION_TOKEN, or AWS_ACCESS_KEY / AWS_SECRET_KEY); the profile
+// (AWS_PROFILE, else "default") of the shared credentials file
+// (AWS_SHARED_CREDENTIALS_FILE, else $HOME/.aws/credentials), then of the
+// config file (AWS_CONFIG_FILE, else $HOME/.aws/config: static keys,
+// credential_process, SSO), each named explicitly so that minio's own
+// lookup of the process environment never runs; and the instance role or
+// container credentials with their variables and region.
 func envCredentials(getenv func(string) string) *credentials.Credentials {
 	var chain []credentials.Provider
 	id, secret := firstNonEmpty(getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_ACCESS_KEY")), firstNonEmpty(getenv("AWS_SECRET_ACCESS_KEY"), getenv("AWS_SECRET_KEY"))
@@ -173,11 +178,27 @@ func envCredentials(getenv func(string) string) *credentials.Credentials {
 		chain = append(chain, &credentials.Static{Value: credentials.Value{AccessKeyID: id, SecretAccessKey: secret,
 			SessionToken: getenv("AWS_SESSION_TOKEN"), SignerType: credentials.SignatureV4}})
 	}
-	chain = append(chain,
-		&credentials.FileAWSCredentials{Filename: getenv("AWS_SHARED_CREDENTIALS_FILE"), Profile: firstNonEmpty(getenv("AWS_PROFILE"), "default")},
-		&credentials.IAM{Client: &http.Client{Transport: http.DefaultTransport, Timeout: 5 * time.Second},
-			Region: firstNonEmpty(getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION"))})
-	return credentials.NewChainCredentials(chain)
+	profile := firstNonEmpty(getenv("AWS_PROFILE"), "default")
+	home := getenv("HOME")
+	for _, f := range []struct{ env, name string }{{"AWS_SHARED_CREDENTIALS_FILE", "credentials"}, {"AWS_CONFIG_FILE", "config"}} {
+		file := getenv(f.env)
+		if file == "" && home != "" {
+			file = filepath.Join(home, ".aws", f.name)
+		}
+		if file != "" {
+			chain = append(chain, &credentials.FileAWSCredentials{Filename: file, Profile: profile})
+		}
+	}
+	iam := &credentials.IAM{Client: &http.Client{Transport: http.DefaultTransport, Timeout: 5 * time.Second},
+		Region: firstNonEmpty(getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION"))}
+	iam.Container.AuthorizationToken = getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN")
+	iam.Container.AuthorizationTokenFile = getenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
+	iam.Container.CredentialsRelativeURI = getenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+	iam.Container.CredentialsFullURI = getenv("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+	iam.EKSIdentity.TokenFile = getenv("AWS_WEB_IDENTITY_TOKEN_FILE")
+	iam.EKSIdentity.RoleARN = getenv("AWS_ROLE_ARN")
+	iam.EKSIdentity.RoleSessionName = getenv("AWS_ROLE_SESSION_NAME")
+	return credentials.NewChainCredentials(append(chain, iam))
 }
 
 // Driver is a backend.Driver on one S3 bucket.
@@ -256,7 +277,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, string, error) {
 	if u.User != nil {
 		return nil, "", errors.New("s3: credentials in the URL are not accepted; use AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the shared credentials file")
 	}
-	getenv := func(k string) string { return backend.Getenv(ctx, k) }
+	getenv := backend.EnvOf(ctx)
 	opts, err := parseQuery(u.Query(), getenv)
 	if err != nil {
 		return nil, "", err

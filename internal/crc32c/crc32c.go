@@ -10,6 +10,7 @@
 package crc32c
 
 import (
+	"context"
 	"encoding/binary"
 	"hash"
 	"hash/crc32"
@@ -39,6 +40,26 @@ func Update(crc uint32, p []byte) uint32 {
 	n := len(p) &^ (blockSize - 1)
 	// crc is the register inverted; so is the result.
 	return crc32.Update(^foldBlocks(^crc, p[:n], &foldKeys), table, p[n:])
+}
+
+// Piece is how many bytes UpdateContext checksums between two looks at its
+// context: a few milliseconds of work, so a cancelled call over a buffer
+// of gigabytes stops promptly.
+const Piece = 4 << 20
+
+// UpdateContext is Update over p that gives up, returning ctx's error and
+// the checksum so far, once ctx is done (looked at before every Piece
+// bytes): the form for buffers a caller may cancel the work on.
+func UpdateContext(ctx context.Context, crc uint32, p []byte) (uint32, error) {
+	for len(p) > 0 {
+		if err := ctx.Err(); err != nil {
+			return crc, err
+		}
+		n := min(len(p), Piece)
+		crc = Update(crc, p[:n])
+		p = p[n:]
+	}
+	return crc, nil
 }
 
 // Checksum returns the CRC-32C of p.

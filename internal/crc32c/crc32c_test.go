@@ -1,6 +1,8 @@
 package crc32c_test
 
 import (
+	"context"
+	"errors"
 	"hash/crc32"
 	"math/rand/v2"
 	"testing"
@@ -93,4 +95,44 @@ func FuzzUpdate(f *testing.F) {
 			t.Fatalf("Update(%08x, %d bytes) = %08x, hash/crc32 %08x", seed, len(p), got, want)
 		}
 	})
+}
+
+// cancelAfter is a context whose Err turns to context.Canceled after it
+// has been looked at n times: cancellation landing in the middle of a
+// buffer.
+type cancelAfter struct {
+	context.Context
+	n int
+}
+
+func (c *cancelAfter) Err() error {
+	if c.n == 0 {
+		return context.Canceled
+	}
+	c.n--
+	return nil
+}
+
+// UpdateContext matches Update over a buffer of several pieces, and a
+// context cancelled in the middle stops it at the next piece with the
+// checksum of the pieces done.
+func TestUpdateContext(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 3*crc32c.Piece+12345)
+	for i := range buf {
+		buf[i] = byte(rng.Uint32())
+	}
+	got, err := crc32c.UpdateContext(context.Background(), 7, buf)
+	if err != nil || got != crc32c.Update(7, buf) {
+		t.Fatalf("UpdateContext = %08x, %v; Update says %08x", got, err, crc32c.Update(7, buf))
+	}
+	got, err = crc32c.UpdateContext(&cancelAfter{Context: context.Background(), n: 2}, 7, buf)
+	if !errors.Is(err, context.Canceled) || got != crc32c.Update(7, buf[:2*crc32c.Piece]) {
+		t.Fatalf("cancelled after two pieces: %08x, %v; want %08x, context.Canceled", got, err, crc32c.Update(7, buf[:2*crc32c.Piece]))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if got, err := crc32c.UpdateContext(ctx, 7, buf); !errors.Is(err, context.Canceled) || got != 7 {
+		t.Fatalf("cancelled before: %08x, %v", got, err)
+	}
 }

@@ -66,10 +66,12 @@ type Config struct {
 }
 
 // EnvForceStreaming, set to "1", disables the shared-memory bulk path for
-// every plugin, as Config.ForceStreaming does.
+// every plugin, as Config.ForceStreaming does. It is read through
+// backend.Getenv from the context of Discover (the caller's environment of
+// the moment when the context carries one).
 const EnvForceStreaming = "CKPTKIT_PLUGIN_FORCE_STREAMING"
 
-func (c Config) withDefaults() Config {
+func (c Config) withDefaults(ctx context.Context) Config {
 	if c.LockFile == "" {
 		c.LockFile = filepath.Join(c.Dir, LockFileName)
 	}
@@ -85,7 +87,7 @@ func (c Config) withDefaults() Config {
 	if c.RestartBackoff <= 0 {
 		c.RestartBackoff = 100 * time.Millisecond
 	}
-	if os.Getenv(EnvForceStreaming) == "1" {
+	if backend.Getenv(ctx, EnvForceStreaming) == "1" {
 		c.ForceStreaming = true
 	}
 	return c
@@ -123,7 +125,7 @@ func Discover(ctx context.Context, cfg Config) ([]*Plugin, error) {
 		return nil, fmt.Errorf("plugin directory %s: %w", cfg.Dir, err)
 	}
 	cfg.Dir = dir
-	cfg = cfg.withDefaults()
+	cfg = cfg.withDefaults(ctx)
 
 	cands, err := scan(cfg)
 	if err != nil {

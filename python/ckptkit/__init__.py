@@ -89,6 +89,19 @@ def _address(buf):
     return ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes, mv
 
 
+def _writable(buf, what):
+    """Raise UsageError unless buf is a writable buffer (RawBuffer, or one
+    whose memoryview is writable), before anything reads or copies it."""
+    if isinstance(buf, RawBuffer):
+        return
+    try:
+        ro = memoryview(buf).readonly
+    except TypeError:
+        raise UsageError(f"{what} needs a writable buffer, not {type(buf).__name__}") from None
+    if ro:
+        raise UsageError(f"{what} needs a writable buffer; {type(buf).__name__} is read-only")
+
+
 def crc32c(data, crc=0):
     """The CRC32C (Castagnoli) of data, continuing from crc."""
     addr, n, keep = _address(data)
@@ -100,8 +113,10 @@ def crc32c(data, crc=0):
 def io_count(op, suffix=""):
     """How many ``op`` calls ("read", "put", "stat", "list", "delete") on
     keys ending with suffix the stores opened in this process have made
-    (diagnostics and tests: "the metadata was read once"). Counting is on
-    only when the process starts with CKPTKIT_IO_COUNT=1; otherwise -1."""
+    (diagnostics and tests: "the metadata was read once"); op
+    "bytes_read" or "bytes_written" counts bytes instead (suffix ignored).
+    Counting is on for the stores opened with CKPTKIT_IO_COUNT=1 in the
+    environment; before the first such open, -1."""
     return _lib.lib().ckpt_io_count(op.encode(), suffix.encode())
 
 
@@ -224,10 +239,10 @@ class Store(_lib.Closing):
 
     def read_into(self, key, offset, buf, *, scope=None):
         """Read exactly len(buf) bytes of key at offset into the writable
-        buffer buf (no copy through Python); returns their CRC32C."""
+        buffer buf (no copy through Python); returns their CRC32C. A
+        read-only buffer is refused before anything is copied or read."""
+        _writable(buf, "read_into")
         addr, n, keep = _address(buf)
-        if memoryview(buf).readonly:
-            raise UsageError("read_into needs a writable buffer")
         crc = ctypes.c_uint32(0)
         _lib.call("ckpt_read", self._handle(), key.encode(), offset, n, addr, ctypes.byref(crc), scope=scope)
         del keep
@@ -238,9 +253,8 @@ class Store(_lib.Closing):
         given lengths into the writable buffer buf (back to back, as one
         ranged read; len(buf) must be their sum) and return each segment's
         CRC32C, computed by the Go core as the bytes land (no second pass)."""
+        _writable(buf, "read_segments")
         addr, n, keep = _address(buf)
-        if memoryview(buf).readonly:
-            raise UsageError("read_segments needs a writable buffer")
         if sum(lengths) != n:
             raise UsageError(f"read_segments: segments hold {sum(lengths)} bytes, the buffer {n}")
         k = len(lengths)
@@ -251,14 +265,17 @@ class Store(_lib.Closing):
         return list(crcs)
 
     def read(self, key, offset=0, length=None, *, scope=None):
-        """Read length bytes of key at offset (the whole object when length
-        is None)."""
+        """Read length bytes of key at offset (when length is None, from
+        offset to the end: one ranged read, the bytes before offset are not
+        transferred; b"" from an offset at or past the end)."""
         if length is None:
+            if offset < 0:
+                raise UsageError(f"read {key!r}: negative offset {offset}")
             out = ctypes.c_void_p()
             n = ctypes.c_int64(0)
-            _lib.call("ckpt_read_all", self._handle(), key.encode(), 0, ctypes.byref(out), ctypes.byref(n), scope=scope)
-            data = _lib.take_bytes(out.value, n.value)
-            return data[offset:] if offset else data
+            _lib.call("ckpt_read_all", self._handle(), key.encode(), offset, 0, ctypes.byref(out), ctypes.byref(n),
+                      scope=scope)
+            return _lib.take_bytes(out.value, n.value)
         buf = bytearray(length)
         self.read_into(key, offset, buf, scope=scope)
         return bytes(buf)

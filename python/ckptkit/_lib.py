@@ -13,7 +13,12 @@ Three rules of the binding (docs/TORCH.md, "The C ABI"):
   handler (a SIGTERM handler raising ``CanceledError``) is delivered at once:
   the token is cancelled, the Go work stops (within a second), and the
   exception propagates. Calls from other threads take the token of the
-  :class:`CancelScope` they run in, if any.
+  :class:`CancelScope` they run in, if any. The main thread never blocks
+  without a timeout while Go work runs: it waits in slices of
+  :data:`POLL_SECONDS` (:func:`wait_future`, :func:`queue_get`), since a
+  signal the kernel delivers to another thread (a Go thread, a helper) does
+  not interrupt an untimed lock wait, and the handler would run only once
+  the call returned.
 - Fork: the Go runtime does not survive ``fork()``; a child forked after the
   library was loaded gets a ``UsageError`` from every call, never a hang.
 - Environment: every open passes the variables of :data:`ENV_PREFIXES` from
@@ -25,12 +30,14 @@ import concurrent.futures
 import ctypes
 import json
 import os
+import queue
 import threading
+import time
 
 from . import errors
 
 #: The ABI version this binding speaks; a library of another version is refused.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 #: The environment variables passed to every open: credentials, endpoints,
 #: regions, profiles, emulator hosts and ckptkit's own.
@@ -73,7 +80,8 @@ _SIGNATURES = {
         [_tok, _h, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, _i64_p, ctypes.c_void_p, _u32_p] + _ERR,
         ctypes.c_int,
     ),
-    "ckpt_read_all": ([_tok, _h, ctypes.c_char_p, ctypes.c_int64, _void_pp, _i64_p] + _ERR, ctypes.c_int),
+    "ckpt_read_all": ([_tok, _h, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64, _void_pp, _i64_p] + _ERR,
+                      ctypes.c_int),
     "ckpt_stat": ([_tok, _h, ctypes.c_char_p, _i64_p, _i64_p, _u32_p, _c_int_p] + _ERR, ctypes.c_int),
     "ckpt_list": ([_tok, _h, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)] + _ERR, ctypes.c_int),
     "ckpt_delete": ([_tok, _h, ctypes.c_char_p] + _ERR, ctypes.c_int),
@@ -250,17 +258,67 @@ def _helper():
         return _calls
 
 
-def _wait_out(fut):
+#: The longest the main thread blocks at a time while it waits for Go work
+#: (then it returns to the interpreter, which runs the signal handlers that
+#: are due: Ctrl-C is raised within this of its delivery to any thread).
+POLL_SECONDS = 0.05
+
+
+def wait_future(fut, timeout=None):
+    """fut's result, waited for in slices of POLL_SECONDS (so that Ctrl-C
+    or a signal handler's exception interrupts the wait promptly, whichever
+    thread the signal was delivered to); concurrent.futures.TimeoutError
+    after timeout seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not fut.done():
+        left = POLL_SECONDS if deadline is None else min(POLL_SECONDS, deadline - time.monotonic())
+        if left <= 0:
+            raise concurrent.futures.TimeoutError()
+        concurrent.futures.wait((fut,), timeout=left)
+    return fut.result()
+
+
+def queue_get(q):
+    """The next item of queue q, waited for in slices of POLL_SECONDS (as
+    wait_future)."""
+    while True:
+        try:
+            return q.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            continue
+
+
+def wait_out(fut):
     """Wait for fut to end, whatever arrives meanwhile (the Go call still
     uses the caller's buffers until it returns; once cancelled it does so
     promptly)."""
-    while True:
+    while not fut.done():
         try:
-            concurrent.futures.wait([fut])
-            return
+            concurrent.futures.wait((fut,), timeout=POLL_SECONDS)
         except BaseException:  # a second Ctrl-C: keep waiting, briefly
-            if fut.done():
-                return
+            pass
+
+
+def cancel_all(futures, scope=None):
+    """Cancel scope (the Go calls the futures make) and the futures not
+    started yet, then wait for the others to end (promptly, cancelled)."""
+    if scope is not None:
+        scope.cancel()
+    for f in futures:
+        f.cancel()
+    for f in futures:
+        wait_out(f)
+
+
+def wait_all(futures, scope=None):
+    """The results of futures, waited for in slices (as wait_future). When
+    one fails or the wait is interrupted (Ctrl-C), the others are cancelled
+    (cancel_all) before that exception is raised."""
+    try:
+        return [wait_future(f) for f in futures]
+    except BaseException:
+        cancel_all(futures, scope)
+        raise
 
 
 def _invoke(fn, args):
@@ -299,14 +357,14 @@ def call(name, *args, scope=None):
             _invoke(fn, (sc.handle(),) + args)
             return
         try:
-            fut.result()
+            wait_future(fut)
         except BaseException:
             if not fut.done():
                 # Interrupted while the Go call runs: stop it, wait for it
                 # to return, and raise what interrupted (not its
                 # CanceledError).
                 sc.cancel()
-                _wait_out(fut)
+                wait_out(fut)
                 raise
             raise
     finally:

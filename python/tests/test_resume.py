@@ -499,3 +499,20 @@ def test_run_whose_committed_checkpoints_all_fail_is_refused_not_restarted(file_
         resume(run, m2, opt2, scheduler=sched2)
     assert "step-00000003" in str(e.value)
     assert same(before, snapshot(m2, opt2))
+
+
+def test_resume_loads_into_tensors_on_another_device_through_a_cpu_buffer(file_url):
+    # CPU-only here: the meta device takes the path of a GPU (a CPU buffer,
+    # then copy_ onto the device; onto meta it stores nothing). A model with
+    # one layer on meta and one on the CPU loads both: the CPU one gets the
+    # saved values, the meta one stays meta, and every byte was read.
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    save(file_url, src, step=5)
+    dst = torch.nn.Sequential(torch.nn.Linear(64, 64, device="meta"), torch.nn.Linear(64, 8))
+    rep = resume(file_url, dst)
+    assert rep.step == 5
+    assert dst[0].weight.device.type == "meta" and dst[0].weight.shape == (64, 64)
+    assert torch.equal(dst[1].weight, src[1].weight) and torch.equal(dst[1].bias, src[1].bias)
+    nbytes = sum(p.numel() * p.element_size() for p in src.parameters())
+    assert rep.bytes_read >= nbytes, (rep.bytes_read, nbytes)

@@ -183,3 +183,39 @@ def test_read_segments_returns_each_segments_crc32c(base_url):
     with pytest.raises(ckptkit.NotFoundError):
         st.read_segments("missing", 0, bytearray(4), [4])
     st.close()
+
+
+def test_read_from_an_offset_transfers_only_the_rest(base_url, monkeypatch):
+    # Counted at the backend: stores opened with CKPTKIT_IO_COUNT=1 in the
+    # environment of the open (set here, after import) count their bytes.
+    monkeypatch.setenv("CKPTKIT_IO_COUNT", "1")
+    st = ckptkit.Store(base_url)
+    data = os.urandom(1 << 20)
+    st.put("obj", data)
+    for off in (0, 1, 1000, len(data) - 1, len(data), len(data) + 5):
+        before = ckptkit.io_count("bytes_read")
+        assert st.read("obj", off) == data[off:]
+        assert ckptkit.io_count("bytes_read") - before == max(0, len(data) - off), f"offset {off}"
+    with pytest.raises(errors.UsageError):
+        st.read("obj", -1)
+    st.close()
+
+
+def test_read_into_refuses_a_read_only_buffer_before_any_copy(file_url):
+    import tracemalloc
+    st = ckptkit.Store(file_url)
+    st.put("obj", b"x" * 100)
+    big = memoryview(bytearray(64 << 20)).toreadonly()
+    tracemalloc.start()
+    try:
+        with pytest.raises(errors.UsageError, match="read-only"):
+            st.read_into("obj", 0, big)
+        with pytest.raises(errors.UsageError, match="read-only"):
+            st.read_segments("obj", 0, big, [len(big)])
+        with pytest.raises(errors.UsageError, match="read-only"):
+            st.read_into("obj", 0, b"x" * 100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated refusing a 64 MiB read-only buffer"
+    st.close()

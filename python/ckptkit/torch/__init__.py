@@ -825,10 +825,16 @@ def _resume_from(ck, model, optimizer, scheduler, load_optimizer, frozen, extra_
     for key, v in flat.items():
         if isinstance(v, torch.Tensor):
             local, shape, offsets = _local(v)
-            if local.device.type != "cpu":
-                raise UnsupportedError(f"{key}: resume loads into CPU tensors only (got {local.device})")
             dst = local
-            if not local.is_contiguous():
+            if local.device.type != "cpu":
+                # The Go loader writes host memory: a tensor on another
+                # device is loaded into a CPU buffer (pinned for CUDA, so
+                # the copy is a DMA) and copied to it once every check has
+                # passed (docs/TORCH.md, "Devices").
+                dst = torch.empty(local.shape, dtype=local.dtype, device="cpu",
+                                  pin_memory=local.device.type == "cuda" and torch.cuda.is_available())
+                copies.append((local, dst))
+            elif not local.is_contiguous():
                 dst = local.contiguous()
                 copies.append((local, dst))
             dt = _DTYPES.get(dst.dtype)

@@ -184,7 +184,7 @@ class AsyncSave:
         stops, nothing is committed) and propagates once the tensors are
         free. Whether the save succeeds is wait()'s answer."""
         try:
-            self.staged.result(timeout)
+            _lib.wait_future(self.staged, timeout)  # in slices: Ctrl-C comes at once
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"the save to {self.url} is still staging after {timeout} s") from None
         except BaseException:
@@ -192,7 +192,7 @@ class AsyncSave:
                 # Interrupted: stop the staging, and return only once the
                 # Go saver has let go of the tensors.
                 self._saver.cancel()
-                concurrent.futures.wait([self.staged])
+                _lib.wait_out(self.staged)
             raise
 
     def cancel(self) -> None:

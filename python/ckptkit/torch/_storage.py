@@ -417,22 +417,23 @@ class StorageWriter(_TorchStorageWriter):
         count = 0
         part = None
         try:
+            # Waits in slices (_lib.queue_get, _lib.wait_all): Ctrl-C is
+            # raised promptly whichever thread the signal lands on.
             for wi in items:
                 if part is None:
-                    part = free.get()
+                    part = _lib.queue_get(free)
                 if part.size and part.size + _estimate(wi) > self.part_size:
                     futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
                     count += 1
-                    part = free.get()
+                    part = _lib.queue_get(free)
                 _serialize_into(planner, wi, part)
             if part is not None and part.items:
                 futures.append(pool.submit(upload, f"{sp.prefix}{count}{suffix}", part))
-            for f in futures:
-                f.result()
+            _lib.wait_all(futures, scope)
         except BaseException:
             # Ctrl-C (or a failed upload): stop the uploads in flight
             # before waiting for the pool; nothing is committed.
-            scope.cancel()
+            _lib.cancel_all(futures, scope)
             raise
         finally:
             pool.shutdown(wait=True)
@@ -946,12 +947,8 @@ class StorageReader(_TorchStorageReader):
                 run(r)
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="ckptkit-read") as ex:
-                try:
-                    for f in [ex.submit(run, r) for r in reads]:
-                        f.result()
-                except BaseException:
-                    scope.cancel()
-                    raise
+                # Waited for in slices, cancelled together (_lib.wait_all).
+                _lib.wait_all([ex.submit(run, r) for r in reads], scope)
 
     @property
     def checkpoint_id(self):
