@@ -134,3 +134,19 @@ def test_one_process_tiered_save_and_resume(tmp_path):
     assert (rep.tier, rep.step) == ("durable", 2), rep.tier_why
     assert rep.tier_why
     assert ct.resume(run_url, m2, opt2, scheduler=sched2).tier is None
+
+
+def test_a_failed_persist_is_raised_never_dropped(tmp_path):
+    """A persist that fails (a file where the durable step's prefix goes)
+    leaves the local commit standing and is raised by close(), never
+    dropped."""
+    durable = tmp_path / "durable"
+    durable.mkdir()
+    (durable / "step-00000001").write_text("in the way")
+    run_url, local = "file://" + str(durable), "file://" + str(tmp_path / "local")
+    m, opt, sched = make(0)
+    assert ct.save(run_url, m, opt, step=1, scheduler=sched, local=local).endswith("step-00000001")
+    assert committed(local) == [1]
+    with pytest.raises(ckptkit.CheckpointError, match="persist step 1"):
+        ct.close()
+    ct.close()  # reported once: the run is released
