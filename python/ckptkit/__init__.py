@@ -89,7 +89,7 @@ def _address(buf):
     return ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes, mv
 
 
-def _writable(buf, what):
+def _writable(buf: object, what: str) -> None:
     """Raise UsageError unless buf is a writable buffer (RawBuffer, or one
     whose memoryview is writable), before anything reads or copies it."""
     if isinstance(buf, RawBuffer):

@@ -33,6 +33,7 @@ import os
 import queue
 import threading
 import time
+from typing import Any, Optional, Sequence, TypeVar
 
 from . import errors
 
@@ -261,10 +262,12 @@ def _helper():
 #: The longest the main thread blocks at a time while it waits for Go work
 #: (then it returns to the interpreter, which runs the signal handlers that
 #: are due: Ctrl-C is raised within this of its delivery to any thread).
-POLL_SECONDS = 0.05
+POLL_SECONDS: float = 0.05
+
+_T = TypeVar("_T")
 
 
-def wait_future(fut, timeout=None):
+def wait_future(fut: "concurrent.futures.Future[_T]", timeout: Optional[float] = None) -> _T:
     """fut's result, waited for in slices of POLL_SECONDS (so that Ctrl-C
     or a signal handler's exception interrupts the wait promptly, whichever
     thread the signal was delivered to); concurrent.futures.TimeoutError
@@ -278,7 +281,7 @@ def wait_future(fut, timeout=None):
     return fut.result()
 
 
-def queue_get(q):
+def queue_get(q: "queue.Queue[_T]") -> _T:
     """The next item of queue q, waited for in slices of POLL_SECONDS (as
     wait_future)."""
     while True:
@@ -288,7 +291,7 @@ def queue_get(q):
             continue
 
 
-def wait_out(fut):
+def wait_out(fut: "concurrent.futures.Future[Any]") -> None:
     """Wait for fut to end, whatever arrives meanwhile (the Go call still
     uses the caller's buffers until it returns; once cancelled it does so
     promptly)."""
@@ -299,7 +302,7 @@ def wait_out(fut):
             pass
 
 
-def cancel_all(futures, scope=None):
+def cancel_all(futures: Sequence["concurrent.futures.Future[Any]"], scope: Optional["CancelScope"] = None) -> None:
     """Cancel scope (the Go calls the futures make) and the futures not
     started yet, then wait for the others to end (promptly, cancelled)."""
     if scope is not None:
@@ -310,7 +313,7 @@ def cancel_all(futures, scope=None):
         wait_out(f)
 
 
-def wait_all(futures, scope=None):
+def wait_all(futures: Sequence["concurrent.futures.Future[_T]"], scope: Optional["CancelScope"] = None) -> list[_T]:
     """The results of futures, waited for in slices (as wait_future). When
     one fails or the wait is interrupted (Ctrl-C), the others are cancelled
     (cancel_all) before that exception is raised."""
