@@ -177,7 +177,7 @@ func ckpt_saver_default_staging_bytes() C.int64_t { return saver.DefaultStagingB
 // ckpt_save_wait_staged reports the state staged. It first waits for the saver's save in
 // flight; if that one failed and no call reported it yet, this call fails
 // with that error instead of starting (saver.Saver's rule). A save that
-// fails before it is staged fails here. *out receives the save handle
+// fails before it is staged (overlap: before it is planned) fails here. *out receives the save handle
 // (release it with ckpt_save_release).
 //
 //export ckpt_saver_save

@@ -112,11 +112,14 @@ type Handle struct {
 	state   atomic.Int32
 	planned chan struct{} // closed once planned, or once the save is final
 	plan    sync.Once
-	staged  chan struct{}
-	done    chan struct{}
-	start   time.Time
-	stall   time.Duration // set before SaveAsync returns the handle
-	waited  time.Duration // the part of stall spent waiting for the previous save
+	// plannedOK is set (before planned is closed) when every rank got the
+	// plan: a failure after that is not the starting call's to return.
+	plannedOK atomic.Bool
+	staged    chan struct{}
+	done      chan struct{}
+	start     time.Time
+	stall     time.Duration // set before SaveAsync returns the handle
+	waited    time.Duration // the part of stall spent waiting for the previous save
 	// stagedAt is when the caller's buffers were freed (written before
 	// staged is closed).
 	stagedAt time.Time
@@ -134,6 +137,12 @@ func newHandle(start time.Time) *Handle {
 // (a no-op then) once the save is final, so that a save failing before
 // its plan still releases SaveAsync, after its outcome is set.
 func (h *Handle) markPlanned() { h.plan.Do(func() { close(h.planned) }) }
+
+// planHook is the save's planned hook: the plan reached every rank.
+func (h *Handle) planHook() {
+	h.plannedOK.Store(true)
+	h.markPlanned()
+}
 
 func (h *Handle) markStaged() {
 	h.state.CompareAndSwap(int32(Staging), int32(Staged))
@@ -225,11 +234,12 @@ func (h *Handle) Elapsed() time.Duration {
 // planned, and the caller waits for Staged before modifying them); the save goes on in the background under ctx (which
 // must outlive it: cancelling ctx aborts it, uncommitted). If the previous
 // save of s failed, SaveAsync returns that failure instead of starting.
-// A save that fails before it is staged returns its error too (the handle
-// is then final).
+// A save that fails before it is staged (with AsyncOptions.Overlap: before
+// it is planned) returns its error too (the handle is then final); with
+// Overlap a later failure, however soon, is Wait's and the next save's.
 func (s *Saver) SaveAsync(ctx context.Context, st *backend.Store, c coordinator.Coordinator, sd *statedict.StateDict, opts Options) (*Handle, error) {
 	return s.start(ctx, func(h *Handle, stg *staging) (*Result, error) {
-		return save(ctx, st, c, sd, opts, stg, hooks{planned: h.markPlanned, staged: h.markStaged})
+		return save(ctx, st, c, sd, opts, stg, hooks{planned: h.planHook, staged: h.markStaged})
 	})
 }
 
@@ -237,7 +247,7 @@ func (s *Saver) SaveAsync(ctx context.Context, st *backend.Store, c coordinator.
 // this process (like SaveLocal): it returns once every rank is staged.
 func (s *Saver) SaveLocalAsync(ctx context.Context, st *backend.Store, sds []*statedict.StateDict, opts Options) (*Handle, error) {
 	return s.start(ctx, func(h *Handle, stg *staging) (*Result, error) {
-		return saveRanks(ctx, st, sds, opts, stg, hooks{planned: h.markPlanned, staged: h.markStaged})
+		return saveRanks(ctx, st, sds, opts, stg, hooks{planned: h.planHook, staged: h.markStaged})
 	})
 }
 
@@ -265,6 +275,12 @@ func (s *Saver) start(ctx context.Context, run func(h *Handle, stg *staging) (*R
 		<-h.staged
 	}
 	h.stall = time.Since(t0)
+	if s.overlap && h.plannedOK.Load() {
+		// Planned: whatever happens from here on (staging included) is
+		// Wait's and the next save's to report, never this call's, even
+		// if the save has already failed by now.
+		return h, nil
+	}
 	select {
 	case <-h.done:
 		if h.err != nil {

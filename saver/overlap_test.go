@@ -3,6 +3,7 @@ package saver_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -75,6 +76,38 @@ func TestOverlapStagingFailureSurfacesOnWaitAndNextSave(t *testing.T) {
 	_, err = s.SaveLocalAsync(ctx, st2, ranks(2), saver.Options{Iteration: 2})
 	require.ErrorIs(t, err, errDisk, "the next save reports the failure")
 	require.False(t, committed(t, st2), "and does not start")
+}
+
+// With Overlap a failure after planning is never the call's, however soon
+// it comes (here the first upload fails at once): the call returns the
+// handle, Wait and the next save report the failure. The call used to
+// return it when the save had already ended by the time it looked, so a
+// caller saw it from the call in some runs and from Wait in others, and
+// the next save then started.
+func TestOverlapFailureRightAfterPlanningIsWaitsAndTheNextSaves(t *testing.T) {
+	ctx := context.Background()
+	errDisk := errors.New("disk on fire")
+	// One processor: the save goroutine then runs on from the plan to its
+	// failure before the caller looks, which is when the call used to
+	// return the failure (13 of 15 runs failed so).
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for i := range 40 {
+		run := store(t)
+		st1, err := run.Sub("step-1")
+		require.NoError(t, err)
+		failing, g := newGate(st1, errDisk)
+		close(g.open)
+		s := newOverlapSaver(t, 1<<20)
+		h, err := s.SaveLocalAsync(ctx, failing, []*statedict.StateDict{bigState(6, 3<<20)}, saver.Options{Iteration: 1})
+		require.NoError(t, err, "run %d: the failure comes after planning", i)
+		_, err = h.Wait(ctx)
+		require.ErrorIs(t, err, errDisk, "run %d", i)
+		st2, err := run.Sub("step-2")
+		require.NoError(t, err)
+		_, err = s.SaveLocalAsync(ctx, st2, ranks(1), saver.Options{Iteration: 2})
+		require.ErrorIs(t, err, errDisk, "run %d: the next save reports it", i)
+		require.False(t, committed(t, st2))
+	}
 }
 
 // Cancelling the save's context while staging waits aborts it: nothing is

@@ -136,8 +136,6 @@ CANCELLABLE = frozenset({
 #: 0 on success, non-zero on failure.
 LOAD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p)
 
-_R = TypeVar("_R")
-
 _lib: Optional[ctypes.CDLL] = None
 _lock = threading.Lock()
 
@@ -269,10 +267,12 @@ def _helper() -> concurrent.futures.ThreadPoolExecutor:
 #: The longest the main thread blocks at a time while it waits for Go work
 #: (then it returns to the interpreter, which runs the signal handlers that
 #: are due: Ctrl-C is raised within this of its delivery to any thread).
-POLL_SECONDS = 0.05
+POLL_SECONDS: float = 0.05
+
+_T = TypeVar("_T")
 
 
-def wait_future(fut: "concurrent.futures.Future[_R]", timeout: Optional[float] = None) -> _R:
+def wait_future(fut: "concurrent.futures.Future[_T]", timeout: Optional[float] = None) -> _T:
     """fut's result, waited for in slices of POLL_SECONDS (so that Ctrl-C
     or a signal handler's exception interrupts the wait promptly, whichever
     thread the signal was delivered to); concurrent.futures.TimeoutError
@@ -286,7 +286,7 @@ def wait_future(fut: "concurrent.futures.Future[_R]", timeout: Optional[float] =
     return fut.result()
 
 
-def queue_get(q: "queue.Queue[_R]") -> _R:
+def queue_get(q: "queue.Queue[_T]") -> _T:
     """The next item of queue q, waited for in slices of POLL_SECONDS (as
     wait_future)."""
     while True:
@@ -307,7 +307,7 @@ def wait_out(fut: "concurrent.futures.Future[Any]") -> None:
             pass
 
 
-def cancel_all(futures: "Sequence[concurrent.futures.Future[Any]]", scope: Optional["CancelScope"] = None) -> None:
+def cancel_all(futures: Sequence["concurrent.futures.Future[Any]"], scope: Optional["CancelScope"] = None) -> None:
     """Cancel scope (the Go calls the futures make) and the futures not
     started yet, then wait for the others to end (promptly, cancelled)."""
     if scope is not None:
@@ -318,7 +318,7 @@ def cancel_all(futures: "Sequence[concurrent.futures.Future[Any]]", scope: Optio
         wait_out(f)
 
 
-def wait_all(futures: "Sequence[concurrent.futures.Future[_R]]", scope: Optional["CancelScope"] = None) -> List[_R]:
+def wait_all(futures: Sequence["concurrent.futures.Future[_T]"], scope: Optional["CancelScope"] = None) -> list[_T]:
     """The results of futures, waited for in slices (as wait_future). When
     one fails or the wait is interrupted (Ctrl-C), the others are cancelled
     (cancel_all) before that exception is raised."""

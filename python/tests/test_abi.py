@@ -9,6 +9,7 @@ whose exit code is asserted."""
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,18 +88,30 @@ CALLS = {
     "ckpt_tiered_committed": lambda h: _lib.call("ckpt_tiered_committed", h, 1, ctypes.byref(p())),
     "ckpt_tiered_wait": lambda h: _lib.call("ckpt_tiered_wait", h, 0, ctypes.byref(p())),
     "ckpt_tiered_close": lambda h: _lib.call("ckpt_tiered_close", h, 0),
+    "ckpt_read_items": lambda h: _lib.call("ckpt_read_items", h, 0, None, None, None, None, None, None, 1,
+                                           ctypes.byref(ctypes.c_int())),
 }
 '''
+CALL_NAMES = re.findall(r'^    "(ckpt_[a-z_()]+)":', EXPORTS, re.M)
 
 
-@pytest.mark.parametrize("kind", ["zero", "random", "closed", "stale"])
-def test_every_export_refuses_bad_handles_with_a_usage_error(kind, tmp_path):
-    # One interpreter per kind: none aborts (the exit code), every export
-    # raises UsageError.
+def test_every_export_taking_a_handle_is_in_the_bad_handle_test():
+    # The header cgo generates (make python) lists every export.
+    with open(os.path.join(REPO, "python", "ckptkit", "libckptkit.h")) as f:
+        header = f.read()
+    taking = set(re.findall(r"^extern \S+ (ckpt_\w+)\([^)]*uintptr_t h\b", header, re.M))
+    assert len(taking) >= 20, taking
+    assert taking <= set(CALL_NAMES), f"exports not called with bad handles: {sorted(taking - set(CALL_NAMES))}"
+
+
+@pytest.mark.parametrize("name", CALL_NAMES)
+def test_every_export_refuses_bad_handles_with_a_usage_error(name, tmp_path):
+    # One interpreter per export: none aborts (the exit code), the export
+    # raises UsageError for a zero, random, closed and stale handle.
     r = run_py(EXPORTS + f'''
 import random
-kind = {kind!r}
 url = "file://{tmp_path}"
+CALLS = {{{name!r}: CALLS[{name!r}]}}
 def bad():
     if kind == "zero":
         return 0
@@ -113,17 +126,18 @@ def bad():
     return h
 keep = []
 wrong = []
-for name, fn in CALLS.items():
-    for _ in range(3):
-        try:
-            fn(bad())
-        except ckptkit.UsageError:
-            continue
-        except Exception as e:
-            wrong.append(f"{{name}}: {{type(e).__name__}}: {{e}}")
-        else:
-            wrong.append(f"{{name}}: no error")
-        break
+for kind in ("zero", "random", "closed", "stale"):
+    for name, fn in CALLS.items():
+        for _ in range(3):
+            try:
+                fn(bad())
+            except ckptkit.UsageError:
+                continue
+            except Exception as e:
+                wrong.append(f"{{name}}, {{kind}} handle: {{type(e).__name__}}: {{e}}")
+            else:
+                wrong.append(f"{{name}}, {{kind}} handle: no error")
+            break
 # A bad cancellation token is refused too.
 st = ckptkit.Store(url)
 try:
