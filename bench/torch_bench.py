@@ -144,6 +144,13 @@ def async_rows(sd, work, saves, staging_bytes):
     return out, peak.peak - base
 
 
+def _commit_seconds(h):
+    """An AsyncSave's seconds from start to commit (its result: a dict, or
+    the typed SaveResult)."""
+    r = h.result
+    return r["seconds"] if isinstance(r, dict) else r.seconds
+
+
 LOOP_MODES = ("sync", "blocking", "overlap", "dcp-ckptkit", "dcp-fs")
 
 
@@ -228,7 +235,7 @@ def loop_rows(sd, work, steps, every, mode, staging_bytes):
                             staging_bytes=staging_bytes, prefault=True)
                 if pending is not None:  # committed before this save started
                     pending.wait()
-                    save_times.append(pending.result["seconds"])
+                    save_times.append(_commit_seconds(pending))
                 pending, staged = h, (h.staged if mode == "overlap" else None)
             else:
                 if pending is not None:
@@ -248,7 +255,7 @@ def loop_rows(sd, work, steps, every, mode, staging_bytes):
         t0 = time.perf_counter()
         if isinstance(pending, ct.AsyncSave):
             pending.wait()
-            save_times.append(pending.result["seconds"])
+            save_times.append(_commit_seconds(pending))
         elif pending is not None:
             pending.result()
             save_times.append(time.perf_counter() - pending.started)
