@@ -16,7 +16,6 @@ import http.client
 import http.server
 import os
 import pickle
-import resource
 import signal
 import socket
 import sys
@@ -34,7 +33,7 @@ from ckptkit.torch import StorageReader, StorageWriter, close, resume, save, ste
 
 from conftest import sub_url
 from models import make, snapshot, train
-from test_async import _bits, _check_resumes_to, _mutate_everything, _trained_with_ballast
+from test_async import _bits, _check_resumes_to, _file_size_limit, _mutate_everything, _trained_with_ballast
 from test_dcp import _zeros_like
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is unavailable")
@@ -225,18 +224,6 @@ def test_ctrl_c_in_wait_staged_aborts_the_save_once_the_tensors_are_free(s3_prox
     assert resume(url, *make(seed=2)[:2]) is None  # nothing committed
     with pytest.raises(ckptkit.CanceledError):  # the saver still reports it, once
         close()
-
-
-@contextlib.contextmanager
-def _file_size_limit(n):
-    old = resource.getrlimit(resource.RLIMIT_FSIZE)
-    prev = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (n, old[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old)
-        signal.signal(signal.SIGXFSZ, prev)
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 with its own node-local tier in a temporary directory, the durable run on
 the S3 test server. Resume takes the local tier; past a damaged local copy
 both ranks take an older local step together; with one node's local tier
-gone both resume from the durable run; every path ends bit-identical to
-the straight run."""
+gone both resume from the durable run; after every rank was SIGKILLed with
+a persist in flight, from the local tier, or the newest durable step that
+committed; every path ends bit-identical to the straight run."""
 
 import os
 import shutil
@@ -26,6 +27,8 @@ def run(scenario, url, local_dir, out):
     r = subprocess.run([sys.executable, WORKER, scenario, "2", url, str(local_dir), str(out)], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    if scenario == "killed":
+        return None  # no rank lived to write results
     return torch.load(os.path.join(out, "result.pt"), weights_only=False)
 
 
@@ -104,6 +107,38 @@ def test_two_ranks_resume_from_the_nearest_tier_bit_identical(tmp_path):
         got = run("resume", url, local, tmp_path / "durable")
         for r in got:
             assert (r["tier"], r["step"]) == ("durable", 4), r["tier_why"]
+            bit_identical(straight, r["state"])
+    finally:
+        if url.startswith("s3://"):
+            remove_all(url)
+
+
+def test_two_ranks_sigkilled_mid_persist_resume_from_the_nearest_tier_bit_identical(tmp_path):
+    # The job dies (every rank SIGKILLed) right after the local commit of
+    # step 8, with rank 0's persist of it in flight: the resume takes the
+    # local step 8; with one node's local tier gone, the newest durable
+    # step that committed (4, persisted before; 8 only if its persist ended
+    # before the kill, never a half-persisted one); both end as the
+    # straight run.
+    url = s3_url()
+    local = tmp_path / "nodes"
+    try:
+        straight = run("save", sub_url(url, "straight"), tmp_path / "straight-nodes", tmp_path / "save")[0]["state"]
+        run("killed", url, local, tmp_path / "killed")
+        for rank in (0, 1):
+            assert committed("file://" + str(local / f"rank-{rank}"))[-2:] == [6, 8]
+        durable = committed(url)
+        assert durable in ([4], [4, 8]), durable  # step 8's persist was cut, or had just ended
+
+        got = run("resume", url, local, tmp_path / "local")
+        for r in got:
+            assert (r["tier"], r["step"]) == ("local", 8), r["tier_why"]
+            bit_identical(straight, r["state"])
+
+        shutil.rmtree(local / "rank-1")
+        got = run("resume", url, local, tmp_path / "durable")
+        for r in got:
+            assert (r["tier"], r["step"]) == ("durable", max(durable)), r["tier_why"]
             bit_identical(straight, r["state"])
     finally:
         if url.startswith("s3://"):

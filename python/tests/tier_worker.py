@@ -5,6 +5,7 @@ LOCAL_DIR/rank-<r> (its "node"), the durable run at RUN_URL. Rank 0 writes
 the results of every rank to OUT_DIR/result.pt."""
 
 import os
+import signal
 import sys
 import warnings
 
@@ -72,6 +73,19 @@ def run(rank, world, scenario, url, local_dir, out):
                 ct.save(url, dm, opt, step=s, scheduler=sched, local=local, persist_every=PERSIST_EVERY)
         ct.close()
         result["state"] = state(m, opt)
+    elif scenario == "killed":
+        # The straight run, saving every 2nd step up to and including the
+        # last; right after the save of step 8 (committed locally, rank 0's
+        # persist of it started in the background) every rank is SIGKILLed:
+        # the persist in flight dies with rank 0, nothing waits for it.
+        m, dm, opt, sched = ddp(0)
+        for s in range(1, STEPS + 1):
+            step(dm, opt, sched, s, rank)
+            if s % SAVE_EVERY == 0:
+                ct.save(url, dm, opt, step=s, scheduler=sched, local=local, persist_every=PERSIST_EVERY)
+            if s == PERSIST_EVERY:
+                ct.close()  # step 4 is durable before the kill, whatever the load
+        os.kill(os.getpid(), signal.SIGKILL)
     elif scenario == "resume":
         m, dm, opt, sched = ddp(99)
         rep = ct.resume(url, dm, opt, scheduler=sched, local=local)
@@ -92,7 +106,10 @@ def main():
     scenario, world, url, local_dir, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     os.makedirs(out, exist_ok=True)
     codes = launch(world, run, (scenario, url, local_dir, out), deadline_s=DEADLINE_S)
-    if any(c != 0 for c in codes):
+    if scenario == "killed":
+        if codes != [-signal.SIGKILL] * world:
+            raise SystemExit(f"ranks exited with {codes}, want every one SIGKILLed")
+    elif any(c != 0 for c in codes):
         raise SystemExit(f"ranks exited with {codes}")
 
 
