@@ -50,14 +50,14 @@ fi
 # FileSystemWriter/FileSystemReader and the single-copy limit (the
 # "physical" row), ~1 GiB, in every torch environment that exists (trixie:
 # torch 2.6; forky: the newest; scripts/torch-env.sh build; docs/TORCH.md).
-# BENCH_TORCH_RUNS (default 5) runs each; results in bench/torch_results-SUITE.json.
+# BENCH_TORCH_RUNS (default 7) runs each; results in bench/torch_results-SUITE.json.
 made=0
 for suite in trixie forky; do
 	if bash scripts/torch-env.sh -s "$suite" status; then
 		((made)) || make -s python
 		made=1
 		echo "bench: torch comparison on $suite ($(bash scripts/torch-env.sh -s "$suite" version)), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-		bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-5}" \
+		bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-7}" \
 			--json "bench/torch_results-$suite.json"
 	else
 		echo "bench: torch comparison on $suite skipped: no torch environment (bash scripts/torch-env.sh -s $suite build)" >&2

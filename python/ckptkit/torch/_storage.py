@@ -76,6 +76,12 @@ SAVE_TAG_LEN = 16
 INTEGRITY_HEADER_SIZE = 64
 DEFAULT_PART_SIZE = 64 << 20
 DEFAULT_CONCURRENCY = 4
+#: Where StorageWriter starts each item in its object: a multiple of this
+#: many bytes (see _Part).
+ITEM_ALIGN = 64
+#: StorageReader reads two items in one request when at most this many
+#: bytes lie between them (read and skipped).
+COALESCE_GAP = 64 << 10
 DEFAULT_MAX_READ = 32 << 20
 # Tensor items of at least this many bytes are read straight into their
 # targets (StorageReader in_place_min); smaller ones are coalesced into
@@ -429,8 +435,8 @@ class StorageWriter(_TorchStorageWriter):
             try:
                 bufs, groups = part.body()
                 _, crcs = st.put(name, bufs, groups=groups, scope=scope)
-                out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crc, sp.save_id))
-                       for (wi, off, n), crc in zip(part.items, crcs)]
+                out = [WriteResult(index=wi.index, size_in_bytes=n, storage_data=_StoredItem(name, off, n, crcs[g], sp.save_id))
+                       for (wi, off, n), g in zip(part.items, part.item_groups)]
                 del bufs
                 with lock:
                     results.extend(out)
@@ -563,7 +569,15 @@ class _Part:
     reusable buffer; the write of a tensor's storage, which torch hands out
     as a view of the storage itself, is kept by address (the tensor is
     kept alive until the upload is done), so the bytes are not copied in
-    Python at all. Each item's segments form one CRC group."""
+    Python at all. Each item's segments form one CRC group.
+
+    Every item starts at a multiple of ITEM_ALIGN bytes in the object (zero
+    padding in a group of its own before it, in no item's range): torch.save
+    aligns a tensor's storage record to 64 bytes within its archive, so the
+    storage bytes then sit at the same offset modulo 64 in the file as in a
+    tensor's memory (64-byte aligned), and the kernel's copies between the
+    page cache and the tensor run at full speed in both directions
+    (misaligned, they were about 30% slower here; docs/PERFORMANCE.md)."""
 
     _ZERO_COPY_MIN = 64 << 10
 
@@ -575,7 +589,9 @@ class _Part:
         self.pos = 0  # fill of buf
         self.size = 0  # bytes of the object so far
         self.items: List[Tuple[WriteItem, int, int]] = []  # (write item, offset, length)
-        # [item index, "buf", start, end] or [item index, "raw", addr, n]
+        self.item_groups: List[int] = []  # each item's CRC group
+        self.group = -1  # the group being written
+        # [group, "buf", start, end] or [group, "raw", addr, n]
         self.segments: List[List[Any]] = []
         self.keep: List[torch.Tensor] = []
         self.lo = self.hi = 0
@@ -583,6 +599,13 @@ class _Part:
 
     def begin(self, tensor: Optional[torch.Tensor] = None) -> None:
         """Start the next item; tensor is the one torch.save is about to write."""
+        pad = -self.size % ITEM_ALIGN
+        if pad:
+            self.lo = self.hi = 0
+            self.group += 1
+            self.write(bytes(pad))
+        self.group += 1
+        self.item_groups.append(self.group)
         self.item_start = self.size
         if tensor is not None:
             st = tensor.untyped_storage()
@@ -597,7 +620,7 @@ class _Part:
     def write(self, b: Any) -> int:
         mv = memoryview(b).cast("B")
         n = mv.nbytes
-        item = len(self.items)
+        item = self.group
         if n >= self._ZERO_COPY_MIN and self.hi:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # frombuffer warns about read-only views
@@ -898,14 +921,15 @@ class StorageReader(_TorchStorageReader):
         for req in reqs:
             info = self.storage_data[req.storage_index]
             per_file.setdefault(info.relative_path, []).append((info.offset, info.length, req))
-        # Coalesce adjacent or overlapping item ranges into reads of at most
-        # max_read bytes (one item larger than that is one read).
+        # Coalesce item ranges that overlap or lie at most COALESCE_GAP
+        # bytes apart (StorageWriter's alignment padding, for one) into reads
+        # of at most max_read bytes (one item larger than that is one read).
         reads: List[_Read] = []
         for path, items in per_file.items():
             items.sort(key=lambda r: r[0])
             cur: Optional[_Read] = None
             for off, ln, req in items:
-                if cur and off <= cur[2] and max(cur[2], off + ln) - cur[1] <= self.max_read:
+                if cur and off <= cur[2] + COALESCE_GAP and max(cur[2], off + ln) - cur[1] <= self.max_read:
                     cur[2] = max(cur[2], off + ln)
                     cur[3].append((off, ln, req))
                 else:
