@@ -620,13 +620,13 @@ class _Part:
     def write(self, b: Any) -> int:
         mv = memoryview(b).cast("B")
         n = mv.nbytes
-        item = self.group
+        group = self.group
         if n >= self._ZERO_COPY_MIN and self.hi:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # frombuffer warns about read-only views
                 addr = torch.frombuffer(mv, dtype=torch.uint8).data_ptr()
             if self.lo <= addr and addr + n <= self.hi:
-                self.segments.append([item, "raw", addr, n])
+                self.segments.append([group, "raw", addr, n])
                 self.size += n
                 return n
         end = self.pos + n
@@ -634,10 +634,10 @@ class _Part:
             self.buf.extend(bytes(end - len(self.buf)))
         self.buf[self.pos : end] = mv
         last = self.segments[-1] if self.segments else None
-        if last and last[0] == item and last[1] == "buf" and last[3] == self.pos:
+        if last and last[0] == group and last[1] == "buf" and last[3] == self.pos:
             last[3] = end
         else:
-            self.segments.append([item, "buf", self.pos, end])
+            self.segments.append([group, "buf", self.pos, end])
         self.pos = end
         self.size += n
         return n
