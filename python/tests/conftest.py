@@ -2,11 +2,22 @@
 environment: scripts/torch-env.sh run python3 -m pytest python/tests)."""
 
 import os
+import signal
 import uuid
 
 import pytest
 
 os.environ.setdefault("USE_LIBUV", "0")
+
+# The Ctrl-C tests need SIGINT to raise KeyboardInterrupt, here and in the
+# Python children they start. A process started in the background by a
+# shell without job control (`cmd &` in a script, nohup) inherits SIGINT
+# *ignored*; Python then installs no handler and the signal does nothing,
+# in this process and, through exec, in every child. Installing Python's
+# own handler here undoes that: a handled signal is reset to the default
+# in a child at exec, so children install theirs again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def sub_url(url, *parts):
