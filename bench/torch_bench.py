@@ -339,6 +339,7 @@ def main():
     ap.add_argument("--loop-staging-bytes", type=int, default=0,
                     help="staging budget of the loop rows' async modes (default: the state + 64 MiB)")
     ap.add_argument("--only-loop", action="store_true", help="run the training-loop rows only")
+    ap.add_argument("--no-compare", action="store_true", help="skip the save/load comparison (the async and loop rows only)")
     args = ap.parse_args()
     if args.only_loop:
         return main_loop(args)
@@ -349,6 +350,37 @@ def main():
         wopts["concurrency"] = ropts["concurrency"] = args.concurrency
     sd = state(args.bytes)
     nbytes = sum(v.numel() * v.element_size() for v in sd.values() if torch.is_tensor(v))
+    out = {"bytes": nbytes, "torch": torch.__version__}
+    if not args.no_compare:
+        out.update(compare(args, sd, nbytes, wopts, ropts))
+    if args.async_saves:
+        work = tempfile.mkdtemp(prefix="torch-bench-async-", dir=args.dir)
+        try:
+            rows, above = async_rows(sd, work, args.async_saves, args.staging_bytes)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        budget = args.staging_bytes or ct._async.default_staging_bytes()
+        print(f"async ckptkit.torch.save: {args.async_saves} saves per mode (alternating), a step changing every tensor "
+              f"after each, staging budget {budget >> 20} MiB, load {open('/proc/loadavg').read().split()[0]}")
+        print(f"{'figure':<22}{'median s [min, max]':>28}")
+        print(f"{'sync save':<22}{spread(rows['sync_save']):>28}")
+        print(f"{'async stall':<22}{spread(rows['async_stall']):>28}")
+        print(f"{'async save':<22}{spread(rows['async_save']):>28}")
+        ratio = statistics.median(rows["async_stall"]) / statistics.median(rows["sync_save"])
+        print(f"async stall / sync save time: {ratio:.3f}x (medians); peak RSS above the state during the saves "
+              f"{above / (1 << 20):.0f} MiB (budget {budget >> 20} MiB)")
+        out["async"] = {"runs": rows, "stall_over_sync_save": ratio, "peak_rss_above_state": above, "budget": budget}
+    if args.loop_steps:
+        out["loop"] = run_loop(args, sd, nbytes)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def compare(args, sd, nbytes, wopts, ropts):
+    """The save/load comparison: torch's FileSystemWriter/Reader against
+    StorageWriter/Reader and the physical row, alternating; prints the table
+    and returns its figures."""
     work = tempfile.mkdtemp(prefix="torch-bench-", dir=args.dir)
     res = {k: [] for k in ("torch_save", "ckptkit_save", "torch_load", "ckptkit_load", "physical_load")}
     load_before = open("/proc/loadavg").read().split()[0]
@@ -400,8 +432,6 @@ def main():
                 del out
             for side in order:
                 shutil.rmtree(os.path.join(work, f"{side}-{run}"))
-        if args.async_saves:
-            rows, above = async_rows(sd, work, args.async_saves, args.staging_bytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in res.items()}
@@ -428,23 +458,7 @@ def main():
               f"{stats.get('calls')} read calls, seconds " + ", ".join(f"{k} {v:.4f}" for k, v in stats.get('seconds', {}).items()))
     out = {"bytes": nbytes, "runs": res, "median": med, "ratios": ratios, "torch": torch.__version__,
            "load_average": [load_before, load_after], "reader_stats": stats}
-    if args.async_saves:
-        budget = args.staging_bytes or ct._async.default_staging_bytes()
-        print(f"async ckptkit.torch.save: {args.async_saves} saves per mode (alternating), a step changing every tensor "
-              f"after each, staging budget {budget >> 20} MiB, load {open('/proc/loadavg').read().split()[0]}")
-        print(f"{'figure':<22}{'median s [min, max]':>28}")
-        print(f"{'sync save':<22}{spread(rows['sync_save']):>28}")
-        print(f"{'async stall':<22}{spread(rows['async_stall']):>28}")
-        print(f"{'async save':<22}{spread(rows['async_save']):>28}")
-        ratio = statistics.median(rows["async_stall"]) / statistics.median(rows["sync_save"])
-        print(f"async stall / sync save time: {ratio:.3f}x (medians); peak RSS above the state during the saves "
-              f"{above / (1 << 20):.0f} MiB (budget {budget >> 20} MiB)")
-        out["async"] = {"runs": rows, "stall_over_sync_save": ratio, "peak_rss_above_state": above, "budget": budget}
-    if args.loop_steps:
-        out["loop"] = run_loop(args, sd, nbytes)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    return out
 
 
 def main_loop(args):

@@ -50,16 +50,29 @@ fi
 # FileSystemWriter/FileSystemReader and the single-copy limit (the
 # "physical" row), ~1 GiB, in every torch environment that exists (trixie:
 # torch 2.6; forky: the newest; scripts/torch-env.sh build; docs/TORCH.md).
-# BENCH_TORCH_RUNS (default 7) runs each; results in bench/torch_results-SUITE.json.
-made=0
+# The save/load comparison of every environment runs first, then the async
+# and training-loop rows: those write tens of GiB, and the shared disk is
+# still busy with them (writeback, discards) for a while after, which would
+# land in the next environment's comparison.
+# BENCH_TORCH_RUNS (default 7) runs each; results in
+# bench/torch_results-SUITE.json (comparison) and bench/torch_async-SUITE.json.
+suites=()
 for suite in trixie forky; do
 	if bash scripts/torch-env.sh -s "$suite" status; then
-		((made)) || make -s python
-		made=1
-		echo "bench: torch comparison on $suite ($(bash scripts/torch-env.sh -s "$suite" version)), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-		bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-7}" \
-			--json "bench/torch_results-$suite.json"
+		suites+=("$suite")
 	else
 		echo "bench: torch comparison on $suite skipped: no torch environment (bash scripts/torch-env.sh -s $suite build)" >&2
 	fi
+done
+((${#suites[@]})) && make -s python
+for suite in "${suites[@]}"; do
+	sync
+	echo "bench: torch comparison on $suite ($(bash scripts/torch-env.sh -s "$suite" version)), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+	bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-7}" \
+		--async-saves 0 --loop-steps 0 --json "bench/torch_results-$suite.json"
+done
+for suite in "${suites[@]}"; do
+	echo "bench: torch async and training-loop rows on $suite, load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+	bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --no-compare \
+		--json "bench/torch_async-$suite.json"
 done
