@@ -6,7 +6,10 @@ ckptkit time: >= 1.0 means ckptkit is at least as fast).
 
 One untimed save and load per side come first (one-time costs). Every
 timed save starts with no writeback pending (os.sync() first, not
-timed), so neither side pays for the other's or the previous run's.
+timed) and after --settle seconds of rest (default 3), so neither side
+pays for the other's or the previous run's: on this machine's virtual
+disk a save right after the other side's ran up to 4x slower even after
+os.sync() (the host is still writing the guest's flushed data).
 
 The "physical" row is the single-copy limit of a load: the data files
 ckptkit wrote, each read with one unchecked readinto (one thread, file by
@@ -339,6 +342,8 @@ def main():
     ap.add_argument("--loop-staging-bytes", type=int, default=0,
                     help="staging budget of the loop rows' async modes (default: the state + 64 MiB)")
     ap.add_argument("--only-loop", action="store_true", help="run the training-loop rows only")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds of rest after os.sync() before each timed save of the comparison")
     ap.add_argument("--no-compare", action="store_true", help="skip the save/load comparison (the async and loop rows only)")
     args = ap.parse_args()
     if args.only_loop:
@@ -408,6 +413,7 @@ def compare(args, sd, nbytes, wopts, ropts):
                 # writeback would otherwise land in whichever save comes
                 # next (on a disk mounted with discard they cost seconds).
                 os.sync()
+                time.sleep(args.settle)
                 if side == "torch":
                     res["torch_save"].append(timed(lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(d))))
                 else:
@@ -438,7 +444,7 @@ def compare(args, sd, nbytes, wopts, ropts):
     gib = nbytes / (1 << 30)
     load_after = open("/proc/loadavg").read().split()[0]
     print(f"torch {torch.__version__} DCP vs ckptkit.torch: {nbytes / (1 << 20):.0f} MiB in {len(sd) - 2} tensors, "
-          f"{args.runs} runs (alternating), dir {args.dir}, {os.cpu_count()} cores, load average {load_before} -> {load_after}")
+          f"{args.runs} runs (alternating, {args.settle:g} s rest before each save), dir {args.dir}, {os.cpu_count()} cores, load average {load_before} -> {load_after}")
     print(f"{'figure':<16}{'median s [min, max]':>28}{'GiB/s':>8}   runs")
     for k in res:
         print(f"{k:<16}{spread(res[k]):>28}{gib / med[k]:>8.2f}   {' '.join(f'{x:.3f}' for x in res[k])}")

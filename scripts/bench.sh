@@ -54,7 +54,7 @@ fi
 # and training-loop rows: those write tens of GiB, and the shared disk is
 # still busy with them (writeback, discards) for a while after, which would
 # land in the next environment's comparison.
-# BENCH_TORCH_RUNS (default 7) runs each; results in
+# BENCH_TORCH_RUNS (default 8: an even count, so each side saves second equally often) runs each; results in
 # bench/torch_results-SUITE.json (comparison) and bench/torch_async-SUITE.json.
 suites=()
 for suite in trixie forky; do
@@ -68,7 +68,7 @@ done
 for suite in "${suites[@]}"; do
 	sync
 	echo "bench: torch comparison on $suite ($(bash scripts/torch-env.sh -s "$suite" version)), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-	bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-7}" \
+	bash scripts/torch-env.sh -s "$suite" run python3 bench/torch_bench.py --runs "${BENCH_TORCH_RUNS:-8}" \
 		--async-saves 0 --loop-steps 0 --json "bench/torch_results-$suite.json"
 done
 for suite in "${suites[@]}"; do
