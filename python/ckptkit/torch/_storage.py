@@ -600,8 +600,7 @@ class _Part:
     def begin(self, tensor: Optional[torch.Tensor] = None) -> None:
         """Start the next item; tensor is the one torch.save is about to write."""
         pad = -self.size % ITEM_ALIGN
-        if pad:
-            self.lo = self.hi = 0
+        if pad:  # under _ZERO_COPY_MIN: always copied into buf
             self.group += 1
             self.write(bytes(pad))
         self.group += 1
